@@ -1,0 +1,7 @@
+"""jtile: rewrite JAX inference functions before XLA compiles them."""
+
+from ._errors import ConfigError as ConfigError
+from ._errors import JtileError as JtileError
+from ._errors import OnnxError as OnnxError
+from ._errors import UnsupportedError as UnsupportedError
+from ._layers import Layer as Layer

@@ -1,0 +1,258 @@
+"""The one jaxpr interpreter every jtile transform is built on.
+
+A transform is a rule table `{primitive name: rule}`. `eval_jaxpr` walks a
+jaxpr equation by equation under the caller's trace; an equation whose
+primitive has a rule calls `rule(eqn, *invals)`, any other is re-bound
+unchanged. `jit`, `closed_call`, `remat` and the custom-derivative calls are
+inlined, and the bodies of `cond`, `scan` and `while` are interpreted through
+the public `lax` functions, so a conv inside `jax.nn.relu`, a `lax.scan` body
+or a nested `jax.jit` is still seen by the rules.
+
+Three layers, as in equinox: `eval_jaxpr` (evaluate with rules),
+`rewrite` (jaxpr -> jaxpr), and `transform` (fn -> fn, filter semantics).
+
+!!! warning
+
+    Custom derivatives are inlined: a transformed function differentiates
+    through the primal computation, not through the original custom rule.
+"""
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.extend.core as jcore
+import numpy as np
+from jax import lax
+from jax._src import source_info_util
+
+from ._errors import ConfigError
+
+Rule = Callable[..., Any]
+Rules = Mapping[str, Rule]
+
+_INLINED = {
+    "jit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "remat2": "jaxpr",
+    "checkpoint": "jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+}
+
+
+def _split_closed(jaxpr) -> tuple[jcore.Jaxpr, list]:
+    if isinstance(jaxpr, jcore.ClosedJaxpr):
+        return jaxpr.jaxpr, list(jaxpr.consts)
+    return jaxpr, []
+
+
+def _closed_fn(closed: jcore.ClosedJaxpr, rules: Rules) -> Callable:
+    return lambda *args: eval_jaxpr(closed.jaxpr, closed.consts, *args, rules=rules)
+
+
+def _eval_cond(eqn, invals, rules):
+    index, *operands = invals
+    branches = [_closed_fn(b, rules) for b in eqn.params["branches"]]
+    return lax.switch(index, branches, *operands)
+
+
+def _eval_scan(eqn, invals, rules):
+    p = eqn.params
+    nc, ncarry = p["num_consts"], p["num_carry"]
+    consts, carry, xs = invals[:nc], invals[nc : nc + ncarry], invals[nc + ncarry :]
+    body = _closed_fn(p["jaxpr"], rules)
+
+    def step(c, x):
+        out = body(*consts, *c, *x)
+        return out[:ncarry], out[ncarry:]
+
+    carry, ys = lax.scan(
+        step, carry, xs, length=p["length"], reverse=p["reverse"], unroll=p["unroll"]
+    )
+    return [*carry, *ys]
+
+
+def _eval_while(eqn, invals, rules):
+    p = eqn.params
+    cn, bn = p["cond_nconsts"], p["body_nconsts"]
+    cconsts, bconsts, init = invals[:cn], invals[cn : cn + bn], invals[cn + bn :]
+    cond = _closed_fn(p["cond_jaxpr"], rules)
+    body = _closed_fn(p["body_jaxpr"], rules)
+    return lax.while_loop(
+        lambda c: cond(*cconsts, *c)[0], lambda c: body(*bconsts, *c), list(init)
+    )
+
+
+_CONTROL_FLOW = {"cond": _eval_cond, "scan": _eval_scan, "while": _eval_while}
+
+
+def bind(eqn: jcore.JaxprEqn, *invals) -> list:
+    """Re-bind `eqn`'s primitive on `invals`; always returns a list."""
+    out = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def eval_jaxpr(jaxpr: jcore.Jaxpr, consts, *args, rules: Rules) -> list:
+    """Evaluate `jaxpr` on `args` under the current trace, applying `rules`.
+
+    A rule is called as `rule(eqn, *invals)` and returns the output value, or a
+    list of them when the primitive has multiple results.
+    """
+    env: dict = {}
+
+    def read(v):
+        return v.val if isinstance(v, jcore.Literal) else env[v]
+
+    for v, x in zip(jaxpr.constvars, consts):
+        env[v] = x
+    for v, x in zip(jaxpr.invars, args):
+        env[v] = x
+    for eqn in jaxpr.eqns:
+        invals = [read(v) for v in eqn.invars]
+        name = eqn.primitive.name
+        name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
+        with source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack):
+            if name in rules:
+                out = rules[name](eqn, *invals)
+                out = list(out) if eqn.primitive.multiple_results else [out]
+            elif name in _INLINED:
+                inner, inner_consts = _split_closed(eqn.params[_INLINED[name]])
+                out = eval_jaxpr(inner, inner_consts, *invals, rules=rules)
+            elif name in _CONTROL_FLOW:
+                out = _CONTROL_FLOW[name](eqn, invals, rules)
+            else:
+                out = bind(eqn, *invals)
+        for v, x in zip(eqn.outvars, out):
+            if not isinstance(v, jcore.DropVar):
+                env[v] = x
+    return [read(v) for v in jaxpr.outvars]
+
+
+def rewrite(closed: jcore.ClosedJaxpr, rules: Rules) -> jcore.ClosedJaxpr:
+    """Return the jaxpr that `eval_jaxpr` with `rules` produces from `closed`."""
+    avals = [v.aval for v in closed.jaxpr.invars]
+    args = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
+    return jax.make_jaxpr(_closed_fn(closed, rules))(*args)
+
+
+# ---------------------------------------------------------------- fn -> fn
+
+
+def is_array(x) -> bool:
+    """Array leaves are traced; every other leaf is static (as `equinox.is_array`)."""
+    return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+
+def _static_key(where: str, leaf):
+    try:
+        hash(leaf)
+    except TypeError:
+        raise ConfigError(
+            f"{where}: non-array argument {leaf!r} of type {type(leaf).__name__} is "
+            "unhashable; static arguments must be hashable (wrap arrays as jnp arrays)"
+        ) from None
+    return (type(leaf), leaf)
+
+
+def _check_outputs(where: str, out) -> None:
+    for leaf in jax.tree.leaves(out):
+        if not isinstance(leaf, jax.Array):
+            raise ConfigError(
+                f"{where}: the function must return arrays or pytrees of arrays, but one "
+                f"output is {type(leaf).__name__} {leaf!r}; return jnp arrays instead"
+            )
+
+
+class Traced:
+    """A function traced once per argument signature: its jaxpr and trees."""
+
+    def __init__(self, where: str, fn: Callable, args: tuple, kwargs: dict):
+        leaves, self.in_tree = jax.tree.flatten((args, kwargs))
+        self.mask = [is_array(x) for x in leaves]
+        self.static = [None if m else x for x, m in zip(leaves, self.mask)]
+        dynamic = [x for x, m in zip(leaves, self.mask) if m]
+        out_tree = []
+
+        def flat_fn(*dyn):
+            a, kw = self._rebuild(dyn)
+            out = fn(*a, **kw)
+            _check_outputs(where, out)
+            flat, tree = jax.tree.flatten(out)
+            out_tree.append(tree)
+            return flat
+
+        try:
+            self.jaxpr = jax.make_jaxpr(flat_fn)(*dynamic)
+        except TypeError as e:
+            if "is not a valid JAX type" in str(e):
+                raise ConfigError(
+                    f"{where}: the function must return arrays or pytrees of arrays ({e})"
+                ) from None
+            raise
+        self.out_tree = out_tree[0]
+
+    def _rebuild(self, dynamic):
+        it = iter(dynamic)
+        leaves = [next(it) if m else s for m, s in zip(self.mask, self.static)]
+        return jax.tree.unflatten(self.in_tree, leaves)
+
+    @staticmethod
+    def signature(where: str, args: tuple, kwargs: dict):
+        leaves, tree = jax.tree.flatten((args, kwargs))
+        sig = tuple(
+            (tuple(x.shape), np.dtype(x.dtype), getattr(jax.typeof(x), "weak_type", False))
+            if is_array(x)
+            else _static_key(where, x)
+            for x in leaves
+        )
+        return tree, sig
+
+    def dynamic_leaves(self, args: tuple, kwargs: dict) -> list:
+        return [x for x in jax.tree.leaves((args, kwargs)) if is_array(x)]
+
+
+def trace(where: str, fn: Callable, args: tuple, kwargs: dict, cache: dict) -> Traced:
+    """Trace `fn` on the arguments' signature, reusing `cache`."""
+    key = Traced.signature(where, args, kwargs)
+    if key not in cache:
+        cache[key] = Traced(where, fn, args, kwargs)
+    return cache[key]
+
+
+def transform(fn: Callable, where: str, make_rules: Callable[[], Rules]) -> Callable:
+    """Wrap `fn` so that calls evaluate its jaxpr with a fresh `make_rules()` table.
+
+    `make_rules` is called once per evaluation, so rules may keep per-call state
+    (a layer counter, say).
+    """
+    if not callable(fn):
+        raise ConfigError(f"{where}: expected a function to transform, got {fn!r}")
+    cache: dict = {}
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        traced = trace(where, fn, args, kwargs, cache)
+        closed = traced.jaxpr
+        out = eval_jaxpr(
+            closed.jaxpr, closed.consts, *traced.dynamic_leaves(args, kwargs), rules=make_rules()
+        )
+        return jax.tree.unflatten(traced.out_tree, out)
+
+    wrapped.__jtile_cache__ = cache
+    return wrapped
+
+
+def make_jaxpr(fn: Callable, *args, **kwargs) -> jcore.ClosedJaxpr:
+    """The jaxpr of `fn` with filter semantics, for analysis and scheduling."""
+    return Traced("jtile", fn, args, kwargs).jaxpr
+
+
+def iter_eqns(jaxpr: jcore.Jaxpr):
+    """Every equation of `jaxpr` and of its sub-jaxprs, depth first, in program order."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in jcore.jaxprs_in_params(eqn.params):
+            yield from iter_eqns(sub)

@@ -1,0 +1,1 @@
+"""Subcommands of `jtile`: each module has `HELP`, `add_arguments(parser)` and `run(args) -> int`."""
