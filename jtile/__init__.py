@@ -5,3 +5,4 @@ from ._errors import JtileError as JtileError
 from ._errors import OnnxError as OnnxError
 from ._errors import UnsupportedError as UnsupportedError
 from ._layers import Layer as Layer
+from .tiling import tile_conv as tile_conv

@@ -1,0 +1,84 @@
+"""Receptive-field algebra: which input window an output window needs.
+
+One question per primitive: to produce output rows `[start, stop)` along one
+spatial axis, which input rows are read, and what padding is left at each
+border? For a sliding window (convolution, `reduce_window`):
+
+    in_start = out_start * stride - pad_lo
+    in_size  = (out_size - 1) * stride + (window - 1) * dilation + 1
+
+clamped to the input, the overflow becoming that tile's own padding, so a tile
+that touches a border keeps the padding on that side only.
+
+!!! warning
+
+    Only sliding windows along one axis are described here; a reduction over
+    the tiled axis has no finite window and stops a tiled block.
+"""
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """Rows `[start, stop)` of one axis."""
+
+    start: int
+    stop: int
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+
+@dataclasses.dataclass(frozen=True)
+class SlidingWindow:
+    """One spatial axis of a sliding-window op: sizes, stride, padding, dilation."""
+
+    in_size: int
+    window: int
+    stride: int = 1
+    pad_lo: int = 0
+    pad_hi: int = 0
+    dilation: int = 1
+
+    @property
+    def out_size(self) -> int:
+        span = (self.window - 1) * self.dilation + 1
+        return (self.in_size + self.pad_lo + self.pad_hi - span) // self.stride + 1
+
+    def input_region(self, out: Window) -> tuple[Window, tuple[int, int]]:
+        """The input rows `out` reads, and the (lo, hi) padding left to this tile."""
+        start = out.start * self.stride - self.pad_lo
+        stop = start + (out.size - 1) * self.stride + (self.window - 1) * self.dilation + 1
+        if stop <= 0:  # the tile reads only low padding
+            return Window(0, 0), (stop - start, 0)
+        if start >= self.in_size:  # only high padding
+            return Window(self.in_size, self.in_size), (0, stop - start)
+        lo, hi = max(start, 0), min(stop, self.in_size)
+        return Window(lo, hi), (lo - start, stop - hi)
+
+
+def split(extent: int, tiles: int) -> list[Window]:
+    """`tiles` consecutive windows covering `[0, extent)`, sizes differing by at most one."""
+    base, extra = divmod(extent, tiles)
+    bounds = [0]
+    for i in range(tiles):
+        bounds.append(bounds[-1] + base + (i < extra))
+    return [Window(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+def conv_axis(eqn, spatial: int) -> SlidingWindow:
+    """The `SlidingWindow` of a `conv_general_dilated` along spatial dim `spatial`."""
+    p = eqn.params
+    lhs_spec, rhs_spec, _ = p["dimension_numbers"]
+    lhs, rhs = (v.aval.shape for v in eqn.invars)
+    pad_lo, pad_hi = p["padding"][spatial]
+    return SlidingWindow(
+        in_size=lhs[lhs_spec[2 + spatial]],
+        window=rhs[rhs_spec[2 + spatial]],
+        stride=p["window_strides"][spatial],
+        pad_lo=pad_lo,
+        pad_hi=pad_hi,
+        dilation=p["rhs_dilation"][spatial],
+    )
