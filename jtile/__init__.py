@@ -6,3 +6,7 @@ from ._errors import OnnxError as OnnxError
 from ._errors import UnsupportedError as UnsupportedError
 from ._layers import Layer as Layer
 from .tiling import tile_conv as tile_conv
+from . import models as models
+from .analysis import Summary as Summary
+from .analysis import intercept as intercept
+from .analysis import summary as summary

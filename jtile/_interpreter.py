@@ -32,7 +32,7 @@ from ._errors import ConfigError
 Rule = Callable[..., Any]
 Rules = Mapping[str, Rule]
 
-_INLINED = {
+INLINED = {
     "jit": "jaxpr",
     "closed_call": "call_jaxpr",
     "core_call": "call_jaxpr",
@@ -43,7 +43,7 @@ _INLINED = {
 }
 
 
-def _split_closed(jaxpr) -> tuple[jcore.Jaxpr, list]:
+def split_closed(jaxpr) -> tuple[jcore.Jaxpr, list]:
     if isinstance(jaxpr, jcore.ClosedJaxpr):
         return jaxpr.jaxpr, list(jaxpr.consts)
     return jaxpr, []
@@ -86,7 +86,7 @@ def _eval_while(eqn, invals, rules):
     )
 
 
-_CONTROL_FLOW = {"cond": _eval_cond, "scan": _eval_scan, "while": _eval_while}
+CONTROL_FLOW = {"cond": _eval_cond, "scan": _eval_scan, "while": _eval_while}
 
 
 def bind(eqn: jcore.JaxprEqn, *invals) -> list:
@@ -118,11 +118,11 @@ def eval_jaxpr(jaxpr: jcore.Jaxpr, consts, *args, rules: Rules) -> list:
             if name in rules:
                 out = rules[name](eqn, *invals)
                 out = list(out) if eqn.primitive.multiple_results else [out]
-            elif name in _INLINED:
-                inner, inner_consts = _split_closed(eqn.params[_INLINED[name]])
+            elif name in INLINED:
+                inner, inner_consts = split_closed(eqn.params[INLINED[name]])
                 out = eval_jaxpr(inner, inner_consts, *invals, rules=rules)
-            elif name in _CONTROL_FLOW:
-                out = _CONTROL_FLOW[name](eqn, invals, rules)
+            elif name in CONTROL_FLOW:
+                out = CONTROL_FLOW[name](eqn, invals, rules)
             else:
                 out = bind(eqn, *invals)
         for v, x in zip(eqn.outvars, out):

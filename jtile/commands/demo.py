@@ -66,11 +66,14 @@ def run(args: argparse.Namespace) -> int:
     with _step("tiling, compiling and running"):
         got = np.asarray(eqx.filter_jit(tiled)(model, x))
     _print_op_counts(_op_counts(apply, model, x), _op_counts(tiled, model, x))
+    scale = max(1.0, float(np.max(np.abs(expected))))
     diff = float(np.max(np.abs(got - expected)))
     identical = bool(np.array_equal(got, expected))
-    print(f"  output shape {got.shape}, max abs difference {diff:.3g}, bit-identical: {'yes' if identical else 'no'}")
-    if not np.allclose(got, expected, rtol=RTOL, atol=ATOL):
-        print(f"FAIL: tiled outputs differ beyond rtol={RTOL}, atol={ATOL}", file=sys.stderr)
+    print(f"  output shape {got.shape}, max abs difference {diff:.3g} "
+          f"({diff / scale:.2g} of the output scale), bit-identical: {'yes' if identical else 'no'}")
+    # Deep nets accumulate float32 reassociation error: atol scales with the output.
+    if not np.allclose(got, expected, rtol=RTOL, atol=ATOL * scale):
+        print(f"FAIL: tiled outputs differ beyond rtol={RTOL}, atol={ATOL} x output scale", file=sys.stderr)
         return 1
-    print(f"OK: tiled outputs match (rtol={RTOL}, atol={ATOL})")
+    print(f"OK: tiled outputs match (rtol={RTOL}, atol={ATOL} x output scale)")
     return 0

@@ -1,0 +1,199 @@
+"""Multiply-accumulate counts per primitive: the one table `summary` reads.
+
+Each primitive maps to a category (grouped as ptflops groups its modules:
+conv, dense, pool, norm, activation, elementwise) and a rule giving the MACs
+of one equation:
+
+| primitive                         | category    | MACs                                            |
+|-----------------------------------|-------------|-------------------------------------------------|
+| `conv_general_dilated`            | conv        | out elements * (Cin / groups) * prod(kernel)    |
+| `dot_general`                     | dense       | out elements * prod(contracting dims) = B*M*N*K |
+| `reduce_window_*`, `reduce_window`| pool        | out elements * prod(window)                     |
+| `reduce_*`, `argmax`, `argmin`    | pool        | in elements (global pooling, softmax sums)      |
+| `logistic`, `tanh`, `erf`, ...    | activation  | out elements                                    |
+| `max`/`min` with a scalar operand | activation  | out elements (relu, relu6)                      |
+| other arithmetic (`add`, `mul`..) | elementwise | out elements                                    |
+| layout (`reshape`, `pad`, ...)    | layout      | 0                                               |
+| `scan`                            | its body's  | length * body                                   |
+| `cond`                            | its body's  | the most expensive branch                       |
+| `while`                           | its body's  | body + cond, counted once (trip count unknown)  |
+| `conv_bias_act`, `dense` (fusion) | conv, dense | as conv / dot, plus bias and activation         |
+| `ffi_call` to a `jtile.kernels`   | conv, dense,| as the op it implements (OIHW weights, x @ w),  |
+|   target                          | pool        | plus its bias and activation epilogue           |
+
+The norm category is given by `summary` to the arithmetic of a layer that
+computes `rsqrt`/`sqrt` without a conv or dot (batch, layer, group norm).
+
+!!! warning
+
+    A convolution counts the zeros inserted by `lhs_dilation` (transposed
+    convolutions) as XLA computes them; ptflops counts input elements instead.
+    A primitive missing from this table (an FFI kernel, say) counts 0 MACs and
+    is listed by `Summary.uncounted`, never guessed.
+"""
+
+import math
+from collections import Counter
+from collections.abc import Callable
+
+import jax.extend.core as jcore
+import numpy as np
+
+CATEGORIES = ("conv", "dense", "pool", "norm", "activation", "elementwise")
+
+
+def _out_elements(eqn) -> int:
+    return sum(math.prod(v.aval.shape) for v in eqn.outvars)
+
+
+def _in_elements(eqn) -> int:
+    return sum(math.prod(v.aval.shape) for v in eqn.invars if hasattr(v.aval, "shape"))
+
+
+def _conv(eqn) -> int:
+    rhs_spec = eqn.params["dimension_numbers"][1]
+    rhs = eqn.invars[1].aval.shape
+    return _out_elements(eqn) * math.prod(rhs) // rhs[rhs_spec[0]]
+
+
+def _dot(eqn) -> int:
+    (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+    lhs = eqn.invars[0].aval.shape
+    return _out_elements(eqn) * math.prod(lhs[d] for d in lhs_contract)
+
+
+def _window(eqn) -> int:
+    return _out_elements(eqn) * math.prod(eqn.params["window_dimensions"])
+
+
+def _is_scalar(v) -> bool:
+    return isinstance(v, jcore.Literal) or math.prod(v.aval.shape) == 1
+
+
+def _max_min(eqn) -> tuple[str, int]:
+    kind = "activation" if any(_is_scalar(v) for v in eqn.invars) else "elementwise"
+    return kind, _out_elements(eqn)
+
+
+_RULES: dict[str, tuple[str, Callable]] = {
+    "conv_general_dilated": ("conv", _conv),
+    "dot_general": ("dense", _dot),
+    **{p: ("pool", _window) for p in (
+        "reduce_window_max", "reduce_window_min", "reduce_window_sum", "reduce_window"
+    )},
+    **{p: ("pool", _in_elements) for p in (
+        "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and",
+        "reduce_or", "argmax", "argmin", "cumsum", "cummax", "cumlogsumexp",
+    )},
+    **{p: ("activation", _out_elements) for p in (
+        "logistic", "tanh", "erf", "erfc", "clamp",
+    )},
+    **{p: ("elementwise", _out_elements) for p in (
+        "add", "add_any", "sub", "mul", "div", "rem", "neg", "abs", "sign", "pow",
+        "integer_pow", "square", "sqrt", "rsqrt", "cbrt", "exp", "exp2", "expm1",
+        "log", "log1p", "sin", "cos", "tan", "atan2", "asin", "acos", "atan", "sinh",
+        "cosh", "asinh", "acosh", "atanh", "floor", "ceil", "round", "nextafter",
+        "is_finite", "select_n", "eq", "ne", "lt", "le", "gt", "ge", "and", "or",
+        "not", "xor", "shift_left", "shift_right_logical", "shift_right_arithmetic",
+        "erf_inv", "lgamma", "digamma", "population_count", "clz",
+    )},
+    **{p: ("layout", lambda eqn: 0) for p in (
+        "reshape", "transpose", "broadcast_in_dim", "squeeze", "expand_dims",
+        "convert_element_type", "copy", "slice", "dynamic_slice",
+        "dynamic_update_slice", "concatenate", "pad", "gather", "rev", "iota",
+        "stop_gradient", "reduce_precision", "bitcast_convert_type", "device_put",
+        "split", "sharding_constraint", "optimization_barrier", "select_and_gather_add",
+        "sort", "random_bits", "random_seed", "random_wrap", "random_unwrap",
+        "threefry2x32", "mesh_cast", "reshard",
+    )},
+}
+
+
+def _closed_macs(closed) -> tuple[Counter, set]:
+    jaxpr = closed.jaxpr if isinstance(closed, jcore.ClosedJaxpr) else closed
+    total, uncounted = Counter(), set()
+    for eqn in jaxpr.eqns:
+        macs, missing = eqn_macs(eqn)
+        total += macs
+        uncounted |= missing
+    return total, uncounted
+
+
+def _scaled(counter: Counter, factor: int) -> Counter:
+    return Counter({k: v * factor for k, v in counter.items()})
+
+
+def _sub_jaxprs_macs(eqn) -> tuple[Counter, set]:
+    name, p = eqn.primitive.name, eqn.params
+    if name == "scan":
+        macs, missing = _closed_macs(p["jaxpr"])
+        return _scaled(macs, p["length"]), missing
+    if name == "cond":
+        counted = [_closed_macs(b) for b in p["branches"]]
+        macs, _ = max(counted, key=lambda c: sum(c[0].values()))
+        return macs, set().union(*(m for _, m in counted))
+    total, uncounted = Counter(), set()
+    for sub in jcore.jaxprs_in_params(p):  # jit-like calls, while (body + cond once)
+        macs, missing = _closed_macs(sub)
+        total += macs
+        uncounted |= missing
+    return total, uncounted
+
+
+def _epilogue(eqn, has_bias: bool, activation) -> Counter:
+    """The bias add and activation a fused op or kernel applies to its output."""
+    out = _out_elements(eqn)
+    return Counter({"elementwise": out if has_bias else 0, "activation": out if activation else 0})
+
+
+def _fused(eqn) -> Counter:
+    kind, rule = _RULES["conv_general_dilated" if eqn.primitive.name == "conv_bias_act" else "dot_general"]
+    return Counter({kind: rule(eqn)}) + _epilogue(eqn, True, eqn.params["activation"])
+
+
+def _oihw_conv(eqn) -> int:
+    return _out_elements(eqn) * math.prod(eqn.invars[1].aval.shape[1:])
+
+
+def _kernel_pool(eqn) -> int:
+    pool = dict(eqn.params["attributes"])["pool"]  # window h, w, stride h, w, pads (a HashableArray)
+    window = np.asarray(getattr(pool, "val", pool))[:2]
+    return _out_elements(eqn) * int(np.prod(window))
+
+
+_KERNELS: dict[str, tuple[str, Callable]] = {  # jtile.kernels FFI targets (OIHW, x @ w)
+    "jtile_dense": ("dense", lambda eqn: _out_elements(eqn) * eqn.invars[1].aval.shape[0]),
+    "jtile_max_pool2d": ("pool", _kernel_pool),
+    "jtile_avg_pool2d": ("pool", _kernel_pool),
+    "jtile_global_avg_pool2d": ("pool", _in_elements),
+}
+
+
+def _kernel(eqn) -> Counter | None:
+    target = eqn.params["target_name"]
+    kind, rule = ("conv", _oihw_conv) if target.startswith("jtile_conv") else _KERNELS.get(target, (None, None))
+    if rule is None:
+        return None
+    attributes = dict(eqn.params["attributes"] or ())
+    has_bias = kind in ("conv", "dense") and len(eqn.invars) > 2
+    return Counter({kind: rule(eqn)}) + _epilogue(eqn, has_bias, attributes.get("activation"))
+
+
+def eqn_macs(eqn) -> tuple[Counter, set[str]]:
+    """MACs of `eqn` by category, and the primitives that had no rule."""
+    name = eqn.primitive.name
+    if name in ("conv_bias_act", "dense"):
+        return _fused(eqn), set()
+    if name == "ffi_call":
+        macs = _kernel(eqn)
+        return (Counter(), {f"ffi_call:{eqn.params['target_name']}"}) if macs is None else (macs, set())
+    if name in ("max", "min"):
+        kind, macs = _max_min(eqn)
+        return Counter({kind: macs}), set()
+    if name in _RULES:
+        kind, rule = _RULES[name]
+        macs = rule(eqn)
+        return (Counter({kind: macs}) if macs else Counter()), set()
+    if any(True for _ in jcore.jaxprs_in_params(eqn.params)):
+        return _sub_jaxprs_macs(eqn)
+    return Counter(), {name}
