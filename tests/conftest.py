@@ -1,3 +1,5 @@
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,7 +11,7 @@ jax.config.update("jax_enable_x64", False)
 @pytest.fixture
 def getkey():
     """A function returning a fresh PRNG key on every call."""
-    counter = iter(range(1 << 30))
+    counter = itertools.count()
     return lambda: jax.random.fold_in(jax.random.key(0), next(counter))
 
 
