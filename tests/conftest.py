@@ -1,7 +1,6 @@
 import itertools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
