@@ -10,3 +10,7 @@ from . import models as models
 from .analysis import Summary as Summary
 from .analysis import intercept as intercept
 from .analysis import summary as summary
+from . import fusion as fusion
+from . import onnx as onnx
+from .fusion import fuse as fuse
+from .gemm import split_gemm as split_gemm

@@ -1,0 +1,161 @@
+"""Fused ops: JAX primitives that one kernel call can implement.
+
+`jtile.fuse` emits these; `jtile.swap_backend` maps them to kernels; without a
+swap they lower to the jnp composition (XLA fuses that itself), so a fused
+function always runs, differentiates and vmaps.
+
+Two primitives, both `y = activate(op(lhs, rhs) + bias, activation)`:
+
+- `conv_bias_act_p`, name `"conv_bias_act"`, operands `(x, w, bias)`; params
+  are exactly those of `lax.conv_general_dilated_p` (`window_strides`,
+  `padding`, `lhs_dilation`, `rhs_dilation`, `dimension_numbers`,
+  `feature_group_count`, `batch_group_count`, `precision`,
+  `preferred_element_type`) plus `activation`.
+- `dense_p`, name `"dense"`, operands `(lhs, rhs, bias)`; params
+  `dimension_numbers`, `precision`, `preferred_element_type` (as
+  `lax.dot_general_p`) plus `activation`. `lhs` is not necessarily the
+  activation: `W @ x + b` fuses to `dense(W, x, b)`.
+
+`bias` has the rank of the output and size 1 on every axis but one (the
+output channels: `(1, C, 1, 1)` for an NCHW conv, `(1, N)` for `x @ W`,
+`(N, 1)` for `W @ x`), or is a scalar.
+
+`activation` is a hashable tuple: `()` none, `("relu",)`,
+`("clip", lo, hi)` (relu6 is `("clip", 0.0, 6.0)`), `("leaky_relu", alpha)`.
+
+`describe` shows both as a `FusedLayer` (kind `"conv2d"` / `"dense"`, plus
+`activation` and `bias_shape`).
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.extend.core as jcore
+import numpy as np
+import jax.numpy as jnp
+from jax import lax
+from jax.interpreters import ad, batching, mlir
+
+from ._layers import Layer, _conv, register_describer, scope_name
+
+Activation = tuple
+
+
+def activate(y, activation: Activation):
+    """Apply an `activation` tuple (see the module docstring) to `y`."""
+    if not activation:
+        return y
+    kind, *args = activation
+    if kind == "relu":
+        return lax.max(y, jnp.zeros((), y.dtype))
+    if kind == "clip":
+        lo, hi = args
+        return jnp.clip(y, jnp.asarray(lo, y.dtype), jnp.asarray(hi, y.dtype))
+    if kind == "leaky_relu":
+        return jnp.where(y >= 0, y, jnp.asarray(args[0], y.dtype) * y)
+    raise ValueError(f"unknown activation {activation!r}")
+
+
+def _conv_bias_act(x, w, bias, *, activation, **conv_params):
+    return activate(lax.conv_general_dilated_p.bind(x, w, **conv_params, out_sharding=None) + bias, activation)
+
+
+def _dense(lhs, rhs, bias, *, activation, dimension_numbers, precision, preferred_element_type):
+    y = lax.dot_general(
+        lhs, rhs, dimension_numbers, precision=precision, preferred_element_type=preferred_element_type
+    )
+    return activate(y + bias, activation)
+
+
+def _primitive(name: str, composition) -> jcore.Primitive:
+    """A primitive defined by its jnp `composition` (eval, lowering, JVP, batching)."""
+    prim = jcore.Primitive(name)
+
+    def abstract_eval(*avals, **params):
+        out = jax.eval_shape(functools.partial(composition, **params), *avals)
+        return jax.core.ShapedArray(out.shape, out.dtype)
+
+    def jvp(primals, tangents, **params):
+        tangents = [ad.instantiate_zeros(t) for t in tangents]
+        return jax.jvp(functools.partial(composition, **params), tuple(primals), tuple(tangents))
+
+    def batch(args, dims, **params):
+        fn = functools.partial(composition, **params)
+        return jax.vmap(fn, in_axes=dims)(*args), 0
+
+    prim.def_impl(lambda *args, **params: composition(*args, **params))
+    prim.def_abstract_eval(abstract_eval)
+    mlir.register_lowering(prim, mlir.lower_fun(composition, multiple_results=False))
+    ad.primitive_jvps[prim] = jvp
+    batching.primitive_batchers[prim] = batch
+    return prim
+
+
+conv_bias_act_p = _primitive("conv_bias_act", _conv_bias_act)
+dense_p = _primitive("dense", _dense)
+
+
+def conv_bias_act(x, w, bias, *, activation: Activation = (), **conv_params):
+    """Bind `conv_bias_act_p`; `conv_params` are `conv_general_dilated_p`'s params."""
+    conv_params.pop("out_sharding", None)
+    return conv_bias_act_p.bind(x, w, bias, activation=tuple(activation), **conv_params)
+
+
+def dense(lhs, rhs, bias, *, dimension_numbers, activation: Activation = (), precision=None, preferred_element_type=None):
+    """Bind `dense_p`: `activate(dot_general(lhs, rhs) + bias, activation)`."""
+    return dense_p.bind(
+        lhs, rhs, bias, activation=tuple(activation), dimension_numbers=dimension_numbers,
+        precision=precision, preferred_element_type=preferred_element_type,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedLayer(Layer):
+    """A `Layer` made by fusion: the activation and the bias it carries."""
+
+    activation: Activation = ()
+    bias_shape: tuple[int, ...] = ()
+
+
+class _Operands:
+    """The view of a fused eqn that `_layers._conv` expects: only (x, w)."""
+
+    def __init__(self, eqn):
+        self.params, self.invars, self.outvars = eqn.params, eqn.invars[:2], eqn.outvars
+        self.source_info, self.primitive = eqn.source_info, eqn.primitive
+
+
+def _describe_conv(eqn) -> FusedLayer:
+    layer = _conv(_Operands(eqn))
+    return FusedLayer(
+        **{f.name: getattr(layer, f.name) for f in dataclasses.fields(Layer)},
+        activation=eqn.params["activation"],
+        bias_shape=tuple(eqn.invars[2].aval.shape),
+    )
+
+
+def _describe_dense(eqn) -> FusedLayer:
+    lhs, rhs, bias = (tuple(v.aval.shape) for v in eqn.invars)
+    (lc, rc), _ = eqn.params["dimension_numbers"]
+    k = 1
+    for d in lc:
+        k *= lhs[d]
+    out = tuple(eqn.outvars[0].aval.shape)
+    channels = [n for n, b in zip(out, bias) if b != 1]
+    return FusedLayer(
+        kind="dense",
+        name=scope_name(eqn),
+        primitive=eqn.primitive.name,
+        in_shapes=(lhs, rhs, bias),
+        out_shape=out,
+        dtype=np.dtype(eqn.outvars[0].aval.dtype),
+        in_channels=k,
+        out_channels=channels[0] if channels else None,
+        activation=eqn.params["activation"],
+        bias_shape=bias,
+    )
+
+
+register_describer("conv_bias_act", _describe_conv)
+register_describer("dense", _describe_dense)

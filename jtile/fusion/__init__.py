@@ -1,0 +1,123 @@
+"""Fusion recipes: `fuse` and each recipe on its own, all `fn -> fn`.
+
+Recipes, applied in this order whatever order they are named in:
+
+- `drop_identity`: remove ops that return their operand (same-dtype converts,
+  same-shape reshapes, `x * 1`, ...).
+- `fold_batchnorm`: fold the affine chain after a conv or dot (batch norm as
+  the zoo and the ONNX importer lower it) into the weights and one bias add.
+- `dense`: `dot_general -> add(bias) -> activation` becomes one `dense` op,
+  whichever operand holds the weight (`x @ W + b`, `W @ x + b`).
+- `conv_bias_act`: `conv -> add(bias) -> relu / relu6 / clip / leaky relu` becomes one
+  `conv_bias_act` op (see `jtile._fused`), which `swap_backend` maps to one
+  kernel call.
+- `fold_constants`: evaluate at trace time what depends only on constants.
+
+Two ways to fold, and they differ:
+
+- `fuse(fn)` rewrites the graph. Params stay arguments, so folding batch norm
+  puts `w * scale` into the graph; it is computed on every call (XLA cannot
+  fold what is an argument).
+- `fold_params(fn, params)` closes over `params`, fuses, and folds constants:
+  the returned function takes only the remaining arguments and its jaxpr holds
+  the folded weights as constants, computed once at trace time.
+
+`drop_identity` comes first so that a no-op convert or reshape between a conv
+and its bias does not hide the pattern.
+"""
+
+import functools
+from collections.abc import Callable, Sequence
+
+from .._errors import ConfigError, reject_unknown
+from .._interpreter import transform
+from ._chains import Affine, BiasAct
+from ._plan import chain_rules, planned_transform
+from ._simplify import drop_identity_rules, fold_constants_rules
+
+ORDER = ("drop_identity", "fold_batchnorm", "dense", "conv_bias_act", "fold_constants")
+DEFAULT = ("fold_batchnorm", "dense", "conv_bias_act", "fold_constants", "drop_identity")
+
+
+def _recipe(name: str, apply: Callable) -> Callable:
+    def recipe(fn: Callable | None = None, /, **unknown) -> Callable:
+        reject_unknown(name, unknown, ())
+        if fn is None:
+            return recipe
+        return apply(fn)
+
+    recipe.__name__ = recipe.__qualname__ = name
+    return recipe
+
+
+fold_batchnorm = _recipe(
+    "fold_batchnorm", lambda fn: planned_transform(fn, "fold_batchnorm", chain_rules(Affine()))
+)
+fold_batchnorm.__doc__ = "Fold batch norm (any per-channel affine chain) into the preceding conv or dot."
+dense = _recipe(
+    "dense", lambda fn: planned_transform(fn, "dense", chain_rules(BiasAct("dot_general")))
+)
+dense.__doc__ = "Fuse `dot_general -> add(bias) -> activation` into one `jtile._fused.dense_p`."
+conv_bias_act = _recipe(
+    "conv_bias_act",
+    lambda fn: planned_transform(fn, "conv_bias_act", chain_rules(BiasAct("conv_general_dilated"))),
+)
+conv_bias_act.__doc__ = "Fuse `conv -> add(bias) -> activation` into one `jtile._fused.conv_bias_act_p`."
+fold_constants = _recipe(
+    "fold_constants", lambda fn: planned_transform(fn, "fold_constants", fold_constants_rules)
+)
+fold_constants.__doc__ = "Evaluate at trace time every op whose operands are all constants."
+drop_identity = _recipe(
+    "drop_identity", lambda fn: transform(fn, "drop_identity", drop_identity_rules)
+)
+drop_identity.__doc__ = "Remove ops that return their operand unchanged."
+
+RECIPES = {
+    "drop_identity": drop_identity,
+    "fold_batchnorm": fold_batchnorm,
+    "dense": dense,
+    "conv_bias_act": conv_bias_act,
+    "fold_constants": fold_constants,
+}
+
+
+def _check_recipes(recipes: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(recipes, str):
+        recipes = (recipes,)
+    unknown = [r for r in recipes if r not in RECIPES]
+    if unknown:
+        raise ConfigError(
+            f"fuse: unknown recipe(s) {', '.join(map(repr, unknown))}; valid recipes are {', '.join(ORDER)}"
+        )
+    return tuple(r for r in ORDER if r in recipes)
+
+
+def fuse(fn: Callable | None = None, /, *, recipes: Sequence[str] = DEFAULT, **unknown) -> Callable:
+    """Apply the fusion `recipes` to `fn` (in the module's fixed order)."""
+    reject_unknown("fuse", unknown, ("recipes",))
+    chosen = _check_recipes(recipes)
+    if fn is None:
+        return functools.partial(fuse, recipes=recipes)
+    if not callable(fn):
+        raise ConfigError(f"fuse: expected a function to transform, got {fn!r}")
+    out = fn
+    for name in chosen:
+        out = RECIPES[name](out)
+    return out
+
+
+def fold_params(fn: Callable, params, /, *, recipes: Sequence[str] = DEFAULT, **unknown) -> Callable:
+    """`fuse(fn)` with `params` (the first argument) closed over and folded.
+
+    Returns `g(*args, **kwargs) == fn(params, *args, **kwargs)` whose jaxpr
+    holds the folded weights as constants. `fold_constants` is always applied.
+    """
+    reject_unknown("fold_params", unknown, ("recipes",))
+    chosen = _check_recipes(recipes)
+    bound = functools.wraps(fn)(functools.partial(fn, params))
+    return fuse(bound, recipes=(*chosen, "fold_constants"))
+
+
+__all__ = [
+    "fuse", "fold_params", "fold_batchnorm", "dense", "conv_bias_act", "fold_constants", "drop_identity",
+]

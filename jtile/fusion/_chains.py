@@ -1,0 +1,255 @@
+"""The chain recipes: batch-norm folding, dense (dot + bias + act), conv + bias + act.
+
+`Affine` folds the elementwise affine ops that follow a conv or a dot, which is
+how batch norm is lowered (`(y - mean) * scale + beta`, or `/ sqrt(var + eps)
+* gamma`): a chain of `add`, `sub`, `mul`, `div` whose other operand is a
+scalar or varies along one axis becomes `op(x, w * s) + t`. The scale `s` goes
+into whichever operand owns that output axis (the conv's output-feature axis,
+either free side of a dot), so `x @ W` and `W @ x` both fold. The folded weight
+is computed in the graph: with traced params XLA folds nothing; close over the
+params (`fold_params`) to get folded constants.
+
+`BiasAct` turns `op -> add(bias) -> activation` into one `conv_bias_act` or
+`dense` op. Activations recognised: `max` with a scalar literal (relu when
+0), `min` with one, `clamp` with two (relu6, Clip), in any combination that is
+a clip; and leaky relu, `select_n(y >= 0, alpha * y, y)` (`jax.nn.leaky_relu`,
+`jnp.where` as the zoo writes it), whose three uses of `y` the plan accepts
+together. The bias may be on either side of the add; it must be a scalar or
+vary along one output axis (for a conv, the feature axis).
+"""
+
+import dataclasses
+import math
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .. import _fused
+from .._interpreter import bind
+from ._plan import ChainRecipe, Deferred, Pending
+
+_AFFINE = frozenset({"add", "sub", "mul", "div"})
+
+
+def _axes(shape, ndim: int):
+    """Non-unit axes of an operand broadcast against a rank-`ndim` output, or `None`."""
+    if len(shape) == 0:
+        return ()
+    if len(shape) != ndim:
+        return None
+    return tuple(i for i, n in enumerate(shape) if n != 1)
+
+
+def _floating(aval) -> bool:
+    return jnp.issubdtype(aval.dtype, jnp.floating)
+
+
+def _per_axis_operand(eqn, pos: int) -> bool:
+    out = eqn.outvars[0].aval
+    other = eqn.invars[1 - pos].aval
+    axes = _axes(other.shape, out.ndim)
+    return _floating(out) and axes is not None and len(axes) <= 1
+
+
+def _output_axes(eqn) -> frozenset:
+    """Output axes a per-axis scale or bias may vary along."""
+    if eqn.primitive.name == "conv_general_dilated":
+        return frozenset({eqn.params["dimension_numbers"].out_spec[1]})
+    return frozenset(range(eqn.outvars[0].aval.ndim))
+
+
+def _fits(value, ndim: int, allowed: frozenset) -> bool:
+    axes = _axes(np.shape(value), ndim)
+    return axes is not None and len(axes) <= 1 and set(axes) <= allowed
+
+
+def _scale_operand(eqn, x, w, scale):
+    """`(x, w)` with the per-axis `scale` of the output multiplied into one of them."""
+    shape = np.shape(scale)
+    axes = _axes(shape, eqn.outvars[0].aval.ndim)
+    vec = jnp.reshape(scale, (-1,)) if axes else jnp.reshape(scale, ())
+    if eqn.primitive.name == "conv_general_dilated":
+        operand, dim = 1, eqn.params["dimension_numbers"].rhs_spec[0]
+    else:
+        operand, dim = _dot_owner(eqn, axes[0] if axes else None)
+    target = (x, w)[operand]
+    if axes:
+        bshape = [1] * target.ndim
+        bshape[dim] = vec.shape[0]
+        vec = jnp.reshape(vec, bshape)
+    scaled = (target * vec).astype(target.dtype)
+    return (scaled, w) if operand == 0 else (x, scaled)
+
+
+def _dot_owner(eqn, axis):
+    """(operand index, dim) of a dot_general output `axis`; rhs for a scalar."""
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    lhs, rhs = (v.aval.ndim for v in eqn.invars)
+    lf = [d for d in range(lhs) if d not in lc and d not in lb]
+    rf = [d for d in range(rhs) if d not in rc and d not in rb]
+    if axis is None:
+        return 1, None
+    if axis < len(lb):
+        return 0, lb[axis]
+    if axis < len(lb) + len(lf):
+        return 0, lf[axis - len(lb)]
+    return 1, rf[axis - len(lb) - len(lf)]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Chain:
+    eqn: object
+    invals: tuple
+    scale: object = None
+    shift: object = None
+    activation: tuple | None = None
+
+
+def _as_dtype(value, dtype):
+    return lax.convert_element_type(value, dtype)
+
+
+class Affine(ChainRecipe):
+    """fold_batchnorm: conv/dot followed by add/sub/mul/div with per-axis operands."""
+
+    starts = frozenset({"conv_general_dilated", "dot_general"})
+    continues = _AFFINE
+
+    def accepts(self, eqn, pos, consts):
+        name = eqn.primitive.name
+        return name in _AFFINE and not (name == "div" and pos == 1) and _per_axis_operand(eqn, pos)
+
+    def start(self, eqn, invals):
+        return _Chain(eqn, tuple(invals))
+
+    def step(self, states, eqn, invals, consts):
+        if len(states) != 1:
+            return None
+        ((pos, chain),) = states.items()
+        name, c = eqn.primitive.name, invals[1 - pos]
+        s, t = chain.scale, chain.shift
+        if name == "add":
+            t = c if t is None else t + c
+        elif name == "sub" and pos == 0:
+            t = -c if t is None else t - c
+        elif name == "sub":
+            s = -1.0 if s is None else -s
+            t = c if t is None else c - t
+        elif name == "mul":
+            s = c if s is None else s * c
+            t = None if t is None else t * c
+        else:
+            s = 1.0 / c if s is None else s / c
+            t = None if t is None else t / c
+        ndim = chain.eqn.outvars[0].aval.ndim
+        if s is not None and not _fits(s, ndim, _output_axes(chain.eqn)):
+            return None
+        return dataclasses.replace(chain, scale=s, shift=t)
+
+    def finish(self, chain):
+        x, w = chain.invals
+        if chain.scale is not None:
+            x, w = _scale_operand(chain.eqn, x, w, chain.scale)
+        y = bind(chain.eqn, x, w)[0]
+        return y if chain.shift is None else y + _as_dtype(chain.shift, y.dtype)
+
+
+def _clip_step(activation: tuple, name: str, pos: int, consts: tuple) -> tuple | None:
+    """`activation` followed by a max / min / clamp with constants, as one clip."""
+    bounds = {(): (-math.inf, math.inf), ("relu",): (0.0, math.inf)}.get(activation)
+    if bounds is None and activation[0] != "clip":
+        return None
+    lo, hi = bounds or activation[1:]
+    if name == "max":
+        lo = max(lo, consts[1 - pos])
+    elif name == "min":
+        hi = min(hi, consts[1 - pos])
+    else:
+        lo, hi = max(lo, consts[0]), min(hi, consts[2])
+    if lo > hi:
+        return None
+    return ("relu",) if (lo, hi) == (0.0, math.inf) else ("clip", lo, hi)
+
+
+def _leaky_users(users: list, consts: dict, all_users: dict) -> bool:
+    """`where(y >= 0, y, alpha * y)`: `ge(y, 0)`, `mul(y, alpha)` and a `select_n`
+    taking both results and `y`, with nothing else using either result."""
+    by_name = {eqn.primitive.name: (eqn, pos, outs) for eqn, pos, outs in users}
+    if len(users) != 3 or set(by_name) != {"ge", "mul", "select_n"}:
+        return False
+    (ge, gpos, gouts), (mul, mpos, mouts) = by_name["ge"], by_name["mul"]
+    select, spos, souts = by_name["select_n"]
+    return (
+        gpos == 0 and consts[id(ge)][1] == 0.0 and consts[id(mul)][1 - mpos] is not None
+        and spos == 2 and len(select.invars) == 3
+        and all_users[gouts[0]] == [(select, 0, souts)] and all_users[mouts[0]] == [(select, 1, souts)]
+    )
+
+
+class BiasAct(ChainRecipe):
+    """conv_bias_act / dense: `op -> add(bias) -> activation`, one fused op."""
+
+    continues = frozenset({"add", "max", "min", "clamp", "ge", "mul", "select_n"})
+
+    def __init__(self, start: str):
+        self.starts = frozenset({start})
+
+    def accepts(self, eqn, pos, consts):
+        name = eqn.primitive.name
+        if name == "add":
+            return _per_axis_operand(eqn, pos)
+        if name in ("max", "min"):
+            return consts[1 - pos] is not None and _floating(eqn.outvars[0].aval)
+        if name == "select_n":  # the two halves of a leaky relu
+            return pos in (0, 1) and len(eqn.invars) == 3
+        return name == "clamp" and pos == 1 and None not in (consts[0], consts[2])
+
+    def accepts_users(self, users, consts, all_users):
+        return _leaky_users(users, consts, all_users)
+
+    def start(self, eqn, invals):
+        return _Chain(eqn, tuple(invals), activation=())
+
+    def step(self, states, eqn, invals, consts):
+        name = eqn.primitive.name
+        if name == "select_n":
+            return self._leaky(states, consts)
+        if len(states) != 1 or isinstance(next(iter(states.values())), Deferred):
+            return None
+        ((pos, chain),) = states.items()
+        if name in ("ge", "mul"):
+            return Deferred(eqn, tuple(invals), consts) if consts[1 - pos] is not None else None
+        if name == "add":
+            ndim = chain.eqn.outvars[0].aval.ndim
+            c = invals[1 - pos]
+            shift = c if chain.shift is None else chain.shift + c
+            if chain.activation or not _fits(shift, ndim, _output_axes(chain.eqn)):
+                return None
+            return dataclasses.replace(chain, shift=shift)
+        activation = _clip_step(chain.activation, name, pos, consts)
+        return None if activation is None else dataclasses.replace(chain, activation=activation)
+
+    @staticmethod
+    def _leaky(states, consts):
+        """`select_n(y >= 0, alpha * y, y)` over one chain `y`: a leaky relu."""
+        ge, mul, chain = (states.get(i) for i in range(3))
+        if not (isinstance(ge, Deferred) and isinstance(mul, Deferred) and isinstance(chain, _Chain)):
+            return None
+        at = lambda d: [i for i, x in enumerate(d.invals) if isinstance(x, Pending) and x.state is chain]  # noqa: E731
+        if chain.activation or (ge.eqn.primitive.name, mul.eqn.primitive.name) != ("ge", "mul"):
+            return None
+        if at(ge) != [0] or ge.consts[1] != 0.0 or len(at(mul)) != 1:
+            return None
+        alpha = mul.consts[1 - at(mul)[0]]
+        return dataclasses.replace(chain, activation=("leaky_relu", alpha))
+
+    def finish(self, chain):
+        eqn, (x, w) = chain.eqn, chain.invals
+        dtype = eqn.outvars[0].aval.dtype
+        bias = _as_dtype(0.0 if chain.shift is None else chain.shift, dtype)
+        params = dict(eqn.params)
+        params.pop("out_sharding", None)
+        if eqn.primitive.name == "conv_general_dilated":
+            return _fused.conv_bias_act(x, w, bias, activation=chain.activation, **params)
+        return _fused.dense(x, w, bias, activation=chain.activation, **params)

@@ -1,0 +1,221 @@
+"""Chain fusion on the one interpreter: plan on the dataflow, fuse while evaluating.
+
+A chain starts at a producer (a conv, a dot) and continues through consumers
+that accept it (a bias add, a batch-norm scale, a `max` with 0). Planning walks
+the jaxpr read-only, looking through the calls the interpreter inlines (`jit`,
+`custom_jvp_call`, ...) so that `jax.nn.relu` does not hide its `max`, and
+marks an equation *absorbed* when, at every place its jaxpr is used, its one
+output has exactly one consumer and that consumer accepts a chain at that
+operand (or its consumers are a group the recipe accepts together: the three
+uses of `y` in a leaky relu), and the output is neither a result of the
+function nor an operand of control flow. Accepting depends only on the
+consumers' own operand shapes and on which operands are scalar literals, so
+it is decided once per equation.
+
+While evaluating (`eval_jaxpr` with a rule per primitive involved), an absorbed
+equation binds nothing and hands its consumer a `Pending` chain; the consumer
+extends it, or finishes it into the fused op. A chain that a consumer cannot
+extend after all (say, a scale along the wrong axis) is finished as it stands,
+so the worst case is the unfused computation, never a wrong one.
+
+!!! warning
+
+    Only chains fuse: a value with other uses is never absorbed, so a conv
+    whose output also feeds a residual branch keeps its own op.
+"""
+
+import dataclasses
+import functools
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import jax.extend.core as jcore
+import numpy as np
+from jax._src import source_info_util
+
+from .._interpreter import INLINED, bind, split_closed, trace, transform
+
+
+class _Const:
+    """A literal operand (or a dtype conversion of one) seen while planning."""
+
+    def __init__(self, value):
+        value = np.asarray(value)
+        self.value = float(value.reshape(())) if value.size == 1 else None
+
+
+@dataclasses.dataclass
+class _Walk:
+    """The flattened dataflow of a jaxpr: uses of every value at every call site."""
+
+    users: dict = dataclasses.field(default_factory=lambda: defaultdict(list))
+    escaped: set = dataclasses.field(default_factory=set)
+    occurrences: list = dataclasses.field(default_factory=list)
+
+    def run(self, jaxpr: jcore.Jaxpr, env: dict) -> list:
+        def key(v):
+            if isinstance(v, jcore.Literal):
+                return _Const(v.val)
+            return env.setdefault(v, object())
+
+        for eqn in jaxpr.eqns:
+            ins = [key(v) for v in eqn.invars]
+            name = eqn.primitive.name
+            if name in INLINED:
+                inner, _ = split_closed(eqn.params[INLINED[name]])
+                outs = self.run(inner, dict(zip(inner.invars, ins)))
+                env.update(zip(eqn.outvars, outs))
+                continue
+            if name == "convert_element_type" and isinstance(ins[0], _Const):
+                env[eqn.outvars[0]] = ins[0]
+            outs = [key(v) for v in eqn.outvars]
+            subs = list(jcore.jaxprs_in_params(eqn.params))
+            for sub in subs:
+                self.escaped.update(self.run(sub, {}))
+            if subs:
+                self.escaped.update(ins)
+            else:
+                for i, k in enumerate(ins):
+                    self.users[k].append((eqn, i, outs))
+            self.occurrences.append((eqn, ins, outs))
+        return [key(v) for v in jaxpr.outvars]
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """`absorbed`: ids of equations that return a `Pending`; `consts`: per
+    equation id, the scalar literal value of each operand (`None` where it is
+    not one), or `None` when call sites disagree."""
+
+    absorbed: frozenset
+    consts: dict
+    primitives: frozenset
+
+
+def make_plan(closed: jcore.ClosedJaxpr, recipe: "ChainRecipe") -> Plan:
+    """Plan `recipe`'s chains on `closed`."""
+    walk = _Walk()
+    walk.escaped.update(walk.run(closed.jaxpr, {}))
+    consts: dict = {}
+    for eqn, ins, _ in walk.occurrences:
+        c = tuple(k.value if isinstance(k, _Const) else None for k in ins)
+        if consts.setdefault(id(eqn), c) != c:
+            consts[id(eqn)] = None
+    absorbed: dict = {}
+    for eqn, _, outs in walk.occurrences:
+        users = walk.users[outs[0]] if len(outs) == 1 and outs[0] not in walk.escaped else []
+        if any(consts[id(user)] is None for user, _, _ in users):
+            ok = False
+        elif len(users) == 1:
+            user, pos, _ = users[0]
+            ok = recipe.accepts(user, pos, consts[id(user)])
+        else:
+            ok = bool(users) and recipe.accepts_users(users, consts, walk.users)
+        absorbed[id(eqn)] = absorbed.get(id(eqn), True) and ok
+    names = frozenset(eqn.primitive.name for eqn, _, _ in walk.occurrences)
+    return Plan(frozenset(i for i, a in absorbed.items() if a), consts, names)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pending:
+    """A chain not yet bound: the recipe's state and where its head was."""
+
+    state: Any
+    traceback: Any
+    name_stack: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Deferred:
+    """A recipe state for an op held back until its consumer decides: bound as
+    `eqn` on `invals` (pending chains finished first) if the chain stops.
+    `consts` are the op's scalar literal operands, as in `Plan.consts`."""
+
+    eqn: Any
+    invals: tuple
+    consts: tuple
+
+
+class ChainRecipe:
+    """A chain fusion: subclasses define `starts`, `accepts`, `start`, `step`, `finish`."""
+
+    starts: frozenset = frozenset()
+    continues: frozenset = frozenset()
+
+    def accepts(self, eqn, pos: int, consts: tuple) -> bool:
+        """Whether `eqn`, the only consumer of a chain, continues it at operand `pos`."""
+        raise NotImplementedError
+
+    def accepts_users(self, users: list, consts: dict, all_users: dict) -> bool:
+        """Whether several consumers `(eqn, pos, out_keys)` continue a chain together."""
+        return False
+
+    def start(self, eqn, invals):
+        raise NotImplementedError
+
+    def step(self, states: dict, eqn, invals, consts: tuple):
+        """The state after `eqn`, given the states of its pending operands
+        `{pos: state}`, or `None` when `eqn` cannot continue them."""
+        raise NotImplementedError
+
+    def finish(self, state):
+        raise NotImplementedError
+
+
+def _finish(recipe: ChainRecipe, value):
+    if not isinstance(value, Pending):
+        return value
+    with source_info_util.user_context(value.traceback, name_stack=value.name_stack):
+        if isinstance(value.state, Deferred):
+            return bind(value.state.eqn, *(_finish(recipe, x) for x in value.state.invals))[0]
+        return recipe.finish(value.state)
+
+
+def _chain_rule(recipe: ChainRecipe, plan: Plan, eqn, *invals):
+    pending = {i: x for i, x in enumerate(invals) if isinstance(x, Pending)}
+    absorbed = id(eqn) in plan.absorbed
+    if pending:
+        states = {i: x.state for i, x in pending.items()}
+        state = recipe.step(states, eqn, invals, plan.consts.get(id(eqn)))
+        if state is not None:
+            new = dataclasses.replace(next(iter(pending.values())), state=state)
+            return new if absorbed else _finish(recipe, new)
+    invals = [_finish(recipe, x) for x in invals]
+    if not pending and absorbed and eqn.primitive.name in recipe.starts:
+        stack = source_info_util.current_name_stack()
+        return Pending(recipe.start(eqn, invals), eqn.source_info.traceback, stack)
+    return bind(eqn, *invals)[0]
+
+
+def chain_rules(recipe: ChainRecipe) -> Callable:
+    """`make_rules(closed)` for `planned_transform`, planning once per jaxpr."""
+    plans: dict = {}
+    names = recipe.starts | recipe.continues
+
+    def make_rules(closed):
+        if id(closed) not in plans or plans[id(closed)][0] is not closed:
+            plans[id(closed)] = (closed, make_plan(closed, recipe))
+        rule = functools.partial(_chain_rule, recipe, plans[id(closed)][1])
+        return {name: rule for name in names}
+
+    return make_rules
+
+
+def planned_transform(fn: Callable, where: str, make_rules: Callable) -> Callable:
+    """As `_interpreter.transform`, but `make_rules(closed_jaxpr)` sees the jaxpr
+    being evaluated, for rules that plan on the whole graph first."""
+    current: list = []  # a stack: the jaxpr of each call in progress
+    inner = transform(fn, where, lambda: make_rules(current[-1]))
+    cache = inner.__jtile_cache__
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        current.append(trace(where, fn, args, kwargs, cache).jaxpr)  # cached: inner reuses it
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            current.pop()
+
+    wrapped.__jtile_cache__ = cache
+    return wrapped

@@ -1,0 +1,93 @@
+"""Per-equation simplifications: constant folding and identity removal.
+
+`fold_constants` evaluates, at trace time, every equation whose operands are
+all known (literals, closed-over arrays, earlier folded results), so the
+rewritten jaxpr holds the result as a constant. Parameters passed as function
+arguments are traced, not known: close over them (`fold_params`) to fold
+them. An equation whose result is larger than `max_growth` times its operands
+together and than 4096 elements (a `broadcast_in_dim` of a scalar, an `iota`)
+is left to run, so folding never bloats the constants.
+
+`drop_identity` removes ops that return their operand: conversions to the same
+dtype, reshapes to the same shape, identity transposes and broadcasts,
+squeezes of nothing, `copy`, a `select_n` whose cases are all the same value
+(a LeakyReLU of slope 1), and `x * 1`, `x / 1`, `x + 0`, `x - 0` with a
+scalar literal. Dropout at inference is already the identity in the zoo and in
+the ONNX importer, so it leaves nothing here to remove.
+"""
+
+import functools
+import math
+
+import jax
+import numpy as np
+from jax.extend.core import Literal
+
+from .._interpreter import CONTROL_FLOW, INLINED, bind, iter_eqns
+
+
+def _known(x) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def _fold_rule(max_growth: float, eqn, *invals):
+    out_size = sum(math.prod(v.aval.shape) for v in eqn.outvars)
+    in_size = sum(np.size(x) for x in invals)
+    small = out_size <= max(4096, max_growth * in_size)
+    if small and all(_known(x) for x in invals) and not eqn.effects:
+        with jax.ensure_compile_time_eval():
+            out = bind(eqn, *invals)
+    else:
+        out = bind(eqn, *invals)
+    return out if eqn.primitive.multiple_results else out[0]
+
+
+def fold_constants_rules(closed, max_growth: float = 1.0) -> dict:
+    """Rules folding every primitive of `closed` (but calls and control flow)."""
+    names = {e.primitive.name for e in iter_eqns(closed.jaxpr)} - set(INLINED) - set(CONTROL_FLOW)
+    return {name: functools.partial(_fold_rule, max_growth) for name in names}
+
+
+def _same(eqn, x) -> bool:
+    out = eqn.outvars[0].aval
+    return tuple(np.shape(x)) == tuple(out.shape) and np.dtype(x.dtype) == np.dtype(out.dtype)
+
+
+def _scalar_literal(eqn, pos: int, value: float) -> bool:
+    v = eqn.invars[pos]
+    return isinstance(v, Literal) and np.size(v.val) == 1 and float(np.asarray(v.val).reshape(())) == value
+
+
+def _passthrough(eqn, *invals):
+    return invals[0] if _same(eqn, invals[0]) else bind(eqn, *invals)[0]
+
+
+def _neutral(values: dict):
+    """Rule for a binary op with a neutral scalar literal `values[pos]` at `pos`."""
+
+    def rule(eqn, *invals):
+        for pos, value in values.items():
+            other = invals[1 - pos]
+            if _scalar_literal(eqn, pos, value) and _same(eqn, other):
+                return other
+        return bind(eqn, *invals)[0]
+
+    return rule
+
+
+def drop_identity_rules() -> dict:
+    """Rules returning the operand of every op that would not change it."""
+    return {
+        "convert_element_type": _passthrough,
+        "reshape": lambda eqn, x, *dyn: bind(eqn, x, *dyn)[0] if dyn or eqn.params["dimensions"] else _passthrough(eqn, x),
+        "squeeze": _passthrough,
+        "copy": _passthrough,
+        "copy_p": _passthrough,
+        "transpose": lambda eqn, x: x if tuple(eqn.params["permutation"]) == tuple(range(x.ndim)) else bind(eqn, x)[0],
+        "broadcast_in_dim": lambda eqn, x, *dyn: x if not dyn and _same(eqn, x) else bind(eqn, x, *dyn)[0],
+        "select_n": lambda eqn, pred, *cases: cases[0] if all(c is cases[0] for c in cases) else bind(eqn, pred, *cases)[0],
+        "mul": _neutral({0: 1.0, 1: 1.0}),
+        "div": _neutral({1: 1.0}),
+        "add": _neutral({0: 0.0, 1: 0.0}),
+        "sub": _neutral({1: 0.0}),
+    }

@@ -1,0 +1,85 @@
+"""Activations: Relu, LeakyRelu, PRelu, Clip, Sigmoid, HardSigmoid, HardSwish, Softmax, LogSoftmax.
+
+Softmax and LogSoftmax before opset 13 normalise over all axes from `axis` on
+(the old "coerce to 2-D" rule); from 13 on over `axis` alone.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import register, xp
+
+
+@register("Relu", since=6)
+def relu(node, x):
+    return xp(x).maximum(x, np.zeros((), x.dtype))
+
+
+@register("LeakyRelu", since=6)
+def leaky_relu(node, x):
+    alpha = np.asarray(node.attr("alpha", 0.01), x.dtype)
+    return xp(x).where(x >= 0, x, x * alpha)
+
+
+@register("PRelu", since=1)
+def prelu(node, x, slope):
+    if node.schema < 7 and np.ndim(slope) == 1 and np.ndim(x) > 1 and np.size(slope) == np.shape(x)[1]:
+        slope = xp(slope).reshape(slope, (-1,) + (1,) * (np.ndim(x) - 2))  # per channel before opset 7
+    return xp(x, slope).where(x >= 0, x, x * slope)
+
+
+@register("Clip", since=6)
+def clip(node, x, lo=None, hi=None):
+    if node.schema < 11:
+        lo, hi = node.attr("min"), node.attr("max")
+    m = xp(x, lo, hi)
+    if lo is not None:
+        x = m.maximum(x, m.asarray(lo, dtype=x.dtype))
+    if hi is not None:
+        x = m.minimum(x, m.asarray(hi, dtype=x.dtype))
+    return x
+
+
+@register("Sigmoid", since=6)
+def sigmoid(node, x):
+    return jax.nn.sigmoid(x)
+
+
+@register("HardSigmoid", since=6)
+def hard_sigmoid(node, x):
+    alpha, beta = node.attr("alpha", 0.2), node.attr("beta", 0.5)
+    return jnp.clip(x * np.asarray(alpha, x.dtype) + np.asarray(beta, x.dtype), 0, 1).astype(x.dtype)
+
+
+@register("HardSwish", since=14)
+def hard_swish(node, x):
+    return x * jnp.clip(x * np.asarray(1 / 6, x.dtype) + np.asarray(0.5, x.dtype), 0, 1).astype(x.dtype)
+
+
+def _softmax_axes(node, x):
+    rank = np.ndim(x)
+    if node.schema < 13:
+        return tuple(range(node.axis(node.attr("axis", 1), rank), rank))
+    return node.axis(node.attr("axis", -1), rank)
+
+
+def _shifted(x, axes):
+    """`x - max(x)`, shifted twice. XLA on CPU may contract a producer of `x` (a
+    mean's `sum * 1/n`) into an FMA with the subtraction, so `x - max(x)` is the
+    product's rounding error rather than 0, and for |x| ~ 1e9 every exp underflows.
+    The second shift subtracts that same error back out."""
+    z = x - jnp.max(x, axis=axes, keepdims=True)
+    return z - jnp.max(z, axis=axes, keepdims=True)
+
+
+@register("Softmax", since=1)
+def softmax(node, x):
+    e = jnp.exp(_shifted(x, _softmax_axes(node, x)))
+    return e / jnp.sum(e, axis=_softmax_axes(node, x), keepdims=True)
+
+
+@register("LogSoftmax", since=1)
+def log_softmax(node, x):
+    z = _shifted(x, _softmax_axes(node, x))
+    return z - jnp.log(jnp.sum(jnp.exp(z), axis=_softmax_axes(node, x), keepdims=True))

@@ -1,0 +1,271 @@
+import collections
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jtile
+from jtile import fusion, models
+from jtile.gemm import split_gemm
+from jtile._fused import FusedLayer
+from jtile._interpreter import iter_eqns, make_jaxpr
+from jtile._layers import describe
+
+_ELEMENTWISE = {"add", "sub", "mul", "div", "max", "min", "clamp", "custom_jvp_call", "jit"}
+
+
+def _ops(fn, *args) -> collections.Counter:
+    return collections.Counter(e.primitive.name for e in iter_eqns(make_jaxpr(fn, *args).jaxpr))
+
+
+def _activation_ops(fn, *args, shape) -> collections.Counter:
+    """Ops producing a value of the activation's `shape`: the path the data takes."""
+    return collections.Counter(
+        e.primitive.name for e in iter_eqns(make_jaxpr(fn, *args).jaxpr)
+        if e.outvars and e.outvars[0].aval.shape == shape and e.primitive.name not in ("jit", "custom_jvp_call")
+    )
+
+
+def _conv(x, w):
+    return lax.conv_general_dilated(x, w, (1, 1), ((1, 1), (1, 1)), dimension_numbers=("NCHW", "OIHW", "NCHW"))
+
+
+def _normal(*shape, seed: int = 0):
+    return np.random.default_rng(seed).normal(size=shape).astype(np.float32)
+
+
+def _same(f, g, *args, tree_allclose, **tol) -> bool:
+    """`f(*args)` and `g(*args)` agree; both run in one compiled call."""
+    out_f, out_g = jax.jit(lambda *a: (f(*a), g(*a)))(*args)
+    return tree_allclose(out_f, out_g, **tol)
+
+
+@pytest.fixture
+def conv_params():
+    c, rng = 6, np.random.default_rng(42)
+    draw = lambda *shape: rng.normal(size=shape).astype(np.float32)  # noqa: E731
+    return dict(
+        w=draw(c, 3, 3, 3) * 0.3, b=draw(c), mean=draw(c),
+        var=rng.uniform(0.5, 2.0, c).astype(np.float32), gamma=draw(c), beta=draw(c),
+    )
+
+
+def _bn_onnx_style(p, y):
+    """As the ONNX importer lowers BatchNormalization."""
+    per = lambda v: v.reshape(1, -1, 1, 1)  # noqa: E731
+    return (y - per(p["mean"])) / jnp.sqrt(per(p["var"]) + 1e-5) * per(p["gamma"]) + per(p["beta"])
+
+
+def _bn_zoo_style(p, y):
+    """As `models.BatchNorm2d` lowers it: x * scale + shift."""
+    scale = p["gamma"] * lax.rsqrt(p["var"] + 1e-5)
+    return y * scale.reshape(1, -1, 1, 1) + (p["beta"] - p["mean"] * scale).reshape(1, -1, 1, 1)
+
+
+@pytest.mark.parametrize("bn", [_bn_onnx_style, _bn_zoo_style])
+def test_fold_batchnorm_leaves_conv_and_one_add(conv_params, tree_allclose, bn):
+    x = _normal(2, 3, 8, 8)
+
+    def model(p, x):
+        return jax.nn.relu(bn(p, _conv(x, p["w"]) + p["b"].reshape(1, -1, 1, 1)))
+
+    shape = (2, 6, 8, 8)
+    before = _activation_ops(model, conv_params, x, shape=shape)
+    folded = fusion.fold_batchnorm(model)
+    after = _activation_ops(folded, conv_params, x, shape=shape)
+    assert before["conv_general_dilated"] == 1 and sum(before.values()) >= 5
+    assert after == {"conv_general_dilated": 1, "add": 1, "max": 1}
+    assert _same(folded, model, conv_params, x, tree_allclose=tree_allclose, rtol=1e-4, atol=1e-4)
+
+    fused = fusion.fuse(model)
+    assert _activation_ops(fused, conv_params, x, shape=shape) == {"conv_bias_act": 1}
+    assert _same(fused, model, conv_params, x, tree_allclose=tree_allclose, rtol=1e-4, atol=1e-4)
+
+
+def test_fold_params_folds_weights_into_constants(conv_params, tree_allclose):
+    x = _normal(2, 3, 8, 8)
+
+    def model(p, x):
+        return jax.nn.relu6(_bn_onnx_style(p, _conv(x, p["w"])))
+
+    g = fusion.fold_params(model, conv_params)
+    closed = make_jaxpr(g, x)
+    assert [e.primitive.name for e in closed.jaxpr.eqns] == ["conv_bias_act"]
+    assert closed.jaxpr.eqns[0].params["activation"] == ("clip", 0.0, 6.0)
+    assert _same(g, lambda x: model(conv_params, x), x, tree_allclose=tree_allclose, rtol=1e-4, atol=1e-4)
+    # fuse alone keeps the params as arguments, so the folded weight is computed in the graph
+    ops = _ops(fusion.fuse(model), conv_params, x)
+    assert ops["conv_bias_act"] == 1 and ops["mul"] >= 1
+
+
+_DENSE_CASES = {
+    "x @ W + b": (lambda x, w, b: x @ w + b, (5, 7), (7, 4), (4,)),
+    "b + x @ W": (lambda x, w, b: b + x @ w, (5, 7), (7, 4), (4,)),
+    "W @ x + b": (lambda x, w, b: w @ x + b[:, None], (7, 5), (4, 7), (4,)),
+    "b + W @ x": (lambda x, w, b: b[:, None] + w @ x, (7, 5), (4, 7), (4,)),
+    "x @ W.T + b (torch Linear)": (lambda x, w, b: x @ w.T + b, (5, 7), (4, 7), (4,)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_DENSE_CASES))
+def test_dense_fuses_weight_on_either_side(tree_allclose, case):
+    fn, xs, ws, bs = _DENSE_CASES[case]
+    x, w, b = (_normal(*s, seed=i) for i, s in enumerate((xs, ws, bs)))
+    model = lambda x, w, b: jax.nn.relu(fn(x, w, b))  # noqa: E731
+    before = _ops(model, x, w, b)
+    fused = fusion.dense(model)
+    after = _ops(fused, x, w, b)
+    assert before["dot_general"] == 1 and before["add"] == 1 and before["max"] == 1
+    assert after["dense"] == 1 and not (after.keys() & {"dot_general", "add", "max"})
+    eqn = next(e for e in iter_eqns(make_jaxpr(fused, x, w, b).jaxpr) if e.primitive.name == "dense")
+    assert eqn.params["activation"] == ("relu",)
+    assert _same(fused, model, x, w, b, tree_allclose=tree_allclose, rtol=1e-5, atol=1e-5)
+
+
+def test_dense_refuses_a_bias_along_two_axes(tree_allclose):
+    x, w = _normal(5, 7), _normal(7, 4, seed=1)
+    full = _normal(5, 4, seed=2)  # a residual, not a bias
+    fn = lambda x, w, r: x @ w + r  # noqa: E731
+    assert _ops(fusion.dense(fn), x, w, full) == _ops(fn, x, w, full)
+    assert _same(fusion.dense(fn), fn, x, w, full, tree_allclose=tree_allclose)
+
+
+@pytest.mark.parametrize(
+    "act, expected",
+    [
+        (jax.nn.relu, ("relu",)),
+        (jax.nn.relu6, ("clip", 0.0, 6.0)),
+        (lambda y: jnp.clip(y, -1.0, 2.5), ("clip", -1.0, 2.5)),
+        (lambda y: jnp.maximum(0.0, y), ("relu",)),
+        (lambda y: jax.nn.leaky_relu(y, 0.125), ("leaky_relu", 0.125)),
+        (lambda y: jnp.where(y >= 0, y, 0.25 * y), ("leaky_relu", 0.25)),  # as the zoo's LeakyReLU
+        (lambda y: y, ()),
+    ],
+)
+def test_conv_bias_act_one_op(conv_params, tree_allclose, act, expected):
+    x = _normal(2, 3, 8, 8)
+    model = lambda p, x: act(p["b"].reshape(1, -1, 1, 1) + _conv(x, p["w"]))  # noqa: E731
+    fused = fusion.conv_bias_act(model)
+    eqns = [e for e in iter_eqns(make_jaxpr(fused, conv_params, x).jaxpr) if e.primitive.name not in _ELEMENTWISE]
+    assert [e.primitive.name for e in eqns if e.outvars[0].aval.shape == (2, 6, 8, 8)] == ["conv_bias_act"]
+    conv_eqn = next(e for e in eqns if e.primitive.name == "conv_bias_act")
+    assert conv_eqn.params["activation"] == expected
+    layer = describe(conv_eqn, index=3)
+    assert isinstance(layer, FusedLayer) and layer.kind == "conv2d" and layer.index == 3
+    assert layer.activation == expected and layer.out_channels == 6 and layer.bias_shape == (1, 6, 1, 1)
+    assert _same(fused, model, conv_params, x, tree_allclose=tree_allclose, rtol=1e-5, atol=1e-5)
+
+
+def test_shared_values_are_not_fused(conv_params, tree_allclose):
+    x = _normal(2, 3, 8, 8)
+
+    def model(p, x):
+        y = _conv(x, p["w"])
+        z = jax.nn.relu(y + p["b"].reshape(1, -1, 1, 1))  # y is used twice: residual below
+        return z + y, jax.nn.relu(_conv(x, p["w"]) + 1.0)
+
+    fused = fusion.fuse(model)
+    ops = _ops(fused, conv_params, x)
+    assert ops["conv_general_dilated"] == 1 and ops["conv_bias_act"] == 1
+    assert _same(fused, model, conv_params, x, tree_allclose=tree_allclose, rtol=1e-5, atol=1e-5)
+
+
+def test_shared_activation_jaxpr_fuses_only_the_chain(conv_params, tree_allclose):
+    """Both leaky relus share one inner jaxpr; only the one after the conv fuses."""
+    x = _normal(2, 3, 8, 8)
+
+    def model(p, x):
+        y = jax.nn.leaky_relu(_conv(x, p["w"]) + p["b"].reshape(1, -1, 1, 1), 0.1)
+        z = jax.nn.leaky_relu(jnp.ones_like(y) * x[:, :1].sum(), 0.1)
+        return y + z
+
+    fused = fusion.fuse(model)
+    ops = _ops(fused, conv_params, x)
+    assert ops["conv_bias_act"] == 1 and ops["select_n"] == 1 and ops["ge"] == 1
+    assert _same(fused, model, conv_params, x, tree_allclose=tree_allclose, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_function_outputs_pending_values_only_when_safe(conv_params, tree_allclose):
+    """A chain value that is a result of the function must be computed, not left pending."""
+    x = _normal(2, 3, 8, 8)
+    model = lambda p, x: _conv(x, p["w"]) * 2.0  # noqa: E731
+    for recipe in (fusion.fold_batchnorm, fusion.conv_bias_act):
+        assert _same(recipe(model), model, conv_params, x, tree_allclose=tree_allclose, rtol=1e-5, atol=1e-5)
+
+
+def test_fold_constants_and_drop_identity(tree_allclose):
+    x = _normal(4, 3)
+    table = jnp.arange(3.0)
+
+    def model(x):
+        scale = jnp.exp(table) * 2.0 + 1.0  # depends only on a constant
+        y = (x * scale).astype(jnp.float32).reshape(4, 3) * 1.0 + 0.0
+        return jnp.transpose(y, (0, 1))
+
+    before = _ops(model, x)
+    assert before["exp"] == 1 and before["mul"] == 3
+    folded = fusion.fold_constants(model)
+    assert _ops(folded, x) == {"mul": 2, "add": 1}  # x * scale, * 1.0, + 0.0
+    clean = fusion.drop_identity(folded)
+    assert _ops(clean, x) == {"mul": 1}
+    assert _ops(fusion.fuse(model), x) == {"mul": 1}
+    assert _same(clean, model, x, tree_allclose=tree_allclose)
+    assert _same(fusion.fuse(model), model, x, tree_allclose=tree_allclose)
+
+
+def test_zoo_layers_conv_bn_relu6_fuse(getkey, tree_allclose):
+    """A MobileNetV2 stem and depthwise conv built from the zoo's layers."""
+    block = (
+        models.Conv2d(3, 8, 3, stride=2, padding=1, bias=False, key=getkey(), name="stem"),
+        models.BatchNorm2d(8, name="stem_bn"),
+        models.ReLU6(name="stem_act"),
+        models.Conv2d(8, 8, 3, padding=1, groups=8, bias=False, key=getkey(), name="dw"),
+        models.BatchNorm2d(8, name="dw_bn"),
+        models.ReLU6(name="dw_act"),
+        models.Conv2d(8, 4, 1, key=getkey(), name="project"),
+        models.BatchNorm2d(4, name="project_bn"),
+    )
+    params, static = eqx.partition(block, eqx.is_array)
+    rng = np.random.default_rng(0)
+    params = jax.tree.map(lambda p: jnp.asarray(p * rng.uniform(0.5, 1.5, p.shape) + 0.1, jnp.float32), params)
+    fn = lambda p, x: models._layers.sequential(eqx.combine(p, static), x)  # noqa: E731
+    x = _normal(1, 3, 16, 16)
+    before = _ops(fn, params, x)
+    fused = fusion.fuse(fn)
+    after = _ops(fused, params, x)
+    assert before["conv_general_dilated"] == 3 and before["min"] == 2
+    assert after["conv_bias_act"] == 3 and not (after.keys() & {"conv_general_dilated", "min", "max"})
+    acts = [e.params["activation"] for e in iter_eqns(make_jaxpr(fused, params, x).jaxpr) if e.primitive.name == "conv_bias_act"]
+    assert acts == [("clip", 0.0, 6.0), ("clip", 0.0, 6.0), ()]
+    assert _same(fused, fn, params, x, tree_allclose=tree_allclose, rtol=1e-4, atol=1e-4)
+
+
+def test_fuse_composes_and_differentiates(tree_allclose):
+    x, w, b = _normal(3, 5), _normal(5, 4, seed=1), _normal(4, seed=2)
+
+    @fusion.fuse(recipes=("dense",))
+    def layer(x, w, b):
+        """doc"""
+        return jax.nn.relu6(x @ w + b)
+
+    ref = lambda x, w, b: jax.nn.relu6(x @ w + b)  # noqa: E731
+    assert layer.__name__ == "layer" and layer.__doc__ == "doc"
+    assert tree_allclose(eqx.filter_jit(layer)(x, w, b), ref(x, w, b), atol=1e-6)
+    assert tree_allclose(split_gemm(layer, max_k=2)(x, w, b), ref(x, w, b), atol=1e-5)
+    assert tree_allclose(fusion.fuse(jax.jit(ref))(x, w, b), ref(x, w, b), atol=1e-6)
+    assert tree_allclose(jax.grad(lambda w: layer(x, w, b).sum())(w), jax.grad(lambda w: ref(x, w, b).sum())(w), atol=1e-5)
+    assert tree_allclose(jax.vmap(layer, in_axes=(0, None, None))(x[None], w, b), ref(x, w, b)[None], atol=1e-6)
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(jtile.ConfigError, match="unknown recipe.*'fold_bn'.*valid recipes"):
+        fusion.fuse(jnp.sin, recipes=("fold_bn",))
+    with pytest.raises(jtile.ConfigError, match="unknown keyword"):
+        fusion.fuse(jnp.sin, recipe="dense")
+    with pytest.raises(jtile.ConfigError, match="unknown keyword"):
+        fusion.fold_batchnorm(jnp.sin, eps=1e-3)
+    with pytest.raises(jtile.ConfigError, match="expected a function"):
+        fusion.conv_bias_act(3)
