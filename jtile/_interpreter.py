@@ -134,8 +134,14 @@ def eval_jaxpr(jaxpr: jcore.Jaxpr, consts, *args, rules: Rules) -> list:
 def rewrite(closed: jcore.ClosedJaxpr, rules: Rules) -> jcore.ClosedJaxpr:
     """Return the jaxpr that `eval_jaxpr` with `rules` produces from `closed`."""
     avals = [v.aval for v in closed.jaxpr.invars]
-    args = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
+    args = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
     return jax.make_jaxpr(_closed_fn(closed, rules))(*args)
+
+
+def inline(closed: jcore.ClosedJaxpr) -> jcore.ClosedJaxpr:
+    """`closed` with every call the interpreter inlines flattened into it, so
+    that only `cond`, `scan` and `while` keep sub-jaxprs."""
+    return rewrite(closed, {})
 
 
 # ---------------------------------------------------------------- fn -> fn
@@ -185,7 +191,7 @@ class Traced:
             return flat
 
         try:
-            self.jaxpr = jax.make_jaxpr(flat_fn)(*dynamic)
+            self.jaxpr = inline(jax.make_jaxpr(flat_fn)(*dynamic))
         except TypeError as e:
             if "is not a valid JAX type" in str(e):
                 raise ConfigError(
@@ -222,11 +228,14 @@ def trace(where: str, fn: Callable, args: tuple, kwargs: dict, cache: dict) -> T
     return cache[key]
 
 
-def transform(fn: Callable, where: str, make_rules: Callable[[], Rules]) -> Callable:
-    """Wrap `fn` so that calls evaluate its jaxpr with a fresh `make_rules()` table.
+def transform(
+    fn: Callable, where: str, make_rules: Callable[[jcore.ClosedJaxpr], Rules]
+) -> Callable:
+    """Wrap `fn` so that calls evaluate its jaxpr with a fresh `make_rules(jaxpr)` table.
 
-    `make_rules` is called once per evaluation, so rules may keep per-call state
-    (a layer counter, say).
+    `make_rules` receives the (inlined) jaxpr about to be evaluated, so rules may
+    plan on the whole graph first, and it is called once per evaluation, so rules
+    may keep per-call state (a layer counter, say).
     """
     if not callable(fn):
         raise ConfigError(f"{where}: expected a function to transform, got {fn!r}")
@@ -237,7 +246,7 @@ def transform(fn: Callable, where: str, make_rules: Callable[[], Rules]) -> Call
         traced = trace(where, fn, args, kwargs, cache)
         closed = traced.jaxpr
         out = eval_jaxpr(
-            closed.jaxpr, closed.consts, *traced.dynamic_leaves(args, kwargs), rules=make_rules()
+            closed.jaxpr, closed.consts, *traced.dynamic_leaves(args, kwargs), rules=make_rules(closed)
         )
         return jax.tree.unflatten(traced.out_tree, out)
 
@@ -246,7 +255,7 @@ def transform(fn: Callable, where: str, make_rules: Callable[[], Rules]) -> Call
 
 
 def make_jaxpr(fn: Callable, *args, **kwargs) -> jcore.ClosedJaxpr:
-    """The jaxpr of `fn` with filter semantics, for analysis and scheduling."""
+    """The inlined jaxpr of `fn` with filter semantics, for analysis and scheduling."""
     return Traced("jtile", fn, args, kwargs).jaxpr
 
 

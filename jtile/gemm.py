@@ -211,7 +211,7 @@ def split_gemm(
         return functools.partial(split_gemm, max_m=max_m, max_k=max_k, max_n=max_n, kernel=kernel)
     splitter = _Splitter(limits, kernel)
 
-    def make_rules():
+    def make_rules(closed):
         return {
             "dot_general": functools.partial(_dot_rule, splitter),
             "dense": functools.partial(_dense_rule, splitter),

@@ -134,4 +134,4 @@ def tile_conv(
         raise ConfigError(f"tile_conv: select must be a predicate on jtile.Layer, got {select!r}")
     if fn is None:
         return lambda f: tile_conv(f, axis=axis, tiles=tiles, select=select)
-    return transform(fn, "tile_conv", lambda: _conv_rules(axis, tiles, select))
+    return transform(fn, "tile_conv", lambda closed: _conv_rules(axis, tiles, select))

@@ -232,7 +232,7 @@ def test_transformed_model_reports_its_own_macs_and_ratio():
         return bind(eqn, lhs, rhs)[0] * 0.5 + bind(eqn, lhs, rhs)[0] * 0.5
 
     plain = summary(model, x)
-    doubled = summary(transform(model, "twice", lambda: {"conv_general_dilated": twice}), x)
+    doubled = summary(transform(model, "twice", lambda closed: {"conv_general_dilated": twice}), x)
     assert doubled.macs_by_category["conv"] == 2 * plain.macs_by_category["conv"]
     assert doubled.untransformed_macs == plain.macs
     assert doubled.macs_ratio == pytest.approx(doubled.macs / plain.macs)

@@ -28,19 +28,19 @@ def _nested_reference(x):
 
 def test_rules_reach_every_nested_jaxpr():
     x = jnp.linspace(-1.0, 1.0, 6)
-    f = transform(_nested, "test", lambda: SIN_TO_COS)
+    f = transform(_nested, "test", lambda closed: SIN_TO_COS)
     np.testing.assert_allclose(jax.jit(f)(x), _nested_reference(x), rtol=1e-6)
     np.testing.assert_allclose(f(-x), _nested_reference(-x), rtol=1e-6)
 
 
 def test_primitive_without_rule_is_rebound_unchanged():
     x = jnp.arange(5.0)
-    f = transform(lambda x: jnp.tanh(x) * 2 + 1, "test", dict)
+    f = transform(lambda x: jnp.tanh(x) * 2 + 1, "test", lambda closed: {})
     assert np.array_equal(f(x), jnp.tanh(x) * 2 + 1)
 
 
 def test_custom_jvp_is_inlined_and_grad_works():
-    f = transform(lambda x: jnp.sum(jax.nn.relu(jnp.sin(x))), "test", lambda: SIN_TO_COS)
+    f = transform(lambda x: jnp.sum(jax.nn.relu(jnp.sin(x))), "test", lambda closed: SIN_TO_COS)
     x = jnp.array([0.3, 2.0, 4.0])
     np.testing.assert_allclose(jax.grad(f)(x), -jnp.sin(x) * (jnp.cos(x) > 0), rtol=1e-6)
 
@@ -55,7 +55,7 @@ def test_rewrite_returns_rewritten_jaxpr():
 
 
 def test_trace_is_cached_per_shape_dtype_and_static_leaves():
-    f = transform(lambda x, n: x * n, "test", dict)
+    f = transform(lambda x, n: x * n, "test", lambda closed: {})
     f(jnp.ones(3), 2)
     f(jnp.zeros(3), 2)
     f(jnp.ones(3), 3)
@@ -69,10 +69,10 @@ def test_named_scopes_survive_the_interpreter():
         with jax.named_scope("block"):
             return jnp.sin(x)
 
-    jaxpr = jax.make_jaxpr(transform(f, "test", dict))(jnp.ones(2))
+    jaxpr = jax.make_jaxpr(transform(f, "test", lambda closed: {}))(jnp.ones(2))
     assert str(jaxpr.jaxpr.eqns[0].source_info.name_stack) == "block"
 
 
 def test_non_callable_is_rejected():
     with pytest.raises(jtile.ConfigError, match="expected a function"):
-        transform(3, "test", dict)
+        transform(3, "test", lambda closed: {})

@@ -149,7 +149,7 @@ def test_pure_function_jits_and_runs_under_the_interpreter(getkey):
         (out,) = bind(eqn, *invals)
         return out
 
-    counted = transform(model.fn, "test", lambda: {"conv_general_dilated": conv_rule})
+    counted = transform(model.fn, "test", lambda closed: {"conv_general_dilated": conv_rule})
     np.testing.assert_allclose(np.asarray(counted(model.params, x)), expected, rtol=1e-5, atol=1e-5)
     assert seen == [1]
     assert set(model.params) == {"w", "b", "scale", "bias", "mean", "var"}

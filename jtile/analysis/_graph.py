@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax._src import source_info_util
 
-from .._interpreter import INLINED, Traced, split_closed
+from .._interpreter import Traced
 from ._macs import eqn_macs
 from ._roles import Leaf, as_call, closure_names, const_leaf, input_leaves
 
@@ -100,7 +100,6 @@ class _Walk:
     def __init__(self, leaves: list[Leaf], names: dict):
         self.ops: list[Op] = []
         self.leaves, self.names = leaves, names
-        self.const_ids: dict[int, Value] = {}
 
     def leaf_value(self, i: int) -> Value:
         leaf = self.leaves[i]
@@ -108,12 +107,6 @@ class _Walk:
         if leaf.is_param:
             return Value(aval, params=1 << i, grads=1 << i)
         return Value(aval, data=True)
-
-    def inner_const(self, c) -> Value:
-        if id(c) not in self.const_ids:
-            self.leaves.append(const_leaf(len(self.leaves), c, self.names))
-            self.const_ids[id(c)] = self.leaf_value(len(self.leaves) - 1)
-        return self.const_ids[id(c)]
 
     def op(self, eqn, scope: str, ins: list) -> list[Value]:
         real = [v for v in ins if v is not None]
@@ -140,11 +133,7 @@ class _Walk:
         for eqn in jaxpr.eqns:
             ins = [read(v) for v in eqn.invars]
             full = stack + eqn.source_info.name_stack
-            if eqn.primitive.name in INLINED:
-                inner, inner_consts = split_closed(eqn.params[INLINED[eqn.primitive.name]])
-                outs = self.run(inner, [self.inner_const(c) for c in inner_consts], ins, full)
-            else:
-                outs = self.op(eqn, str(full), ins)
+            outs = self.op(eqn, str(full), ins)
             for v, x in zip(eqn.outvars, outs):
                 if not isinstance(v, jcore.DropVar):
                     env[v] = x if x is not None else Value(v.aval)

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from .._errors import ConfigError, reject_unknown
 from .._interpreter import transform
 from ._chains import Affine, BiasAct
-from ._plan import chain_rules, planned_transform
+from ._plan import chain_rules
 from ._simplify import drop_identity_rules, fold_constants_rules
 
 ORDER = ("drop_identity", "fold_batchnorm", "dense", "conv_bias_act", "fold_constants")
@@ -51,20 +51,20 @@ def _recipe(name: str, apply: Callable) -> Callable:
 
 
 fold_batchnorm = _recipe(
-    "fold_batchnorm", lambda fn: planned_transform(fn, "fold_batchnorm", chain_rules(Affine()))
+    "fold_batchnorm", lambda fn: transform(fn, "fold_batchnorm", chain_rules(Affine()))
 )
 fold_batchnorm.__doc__ = "Fold batch norm (any per-channel affine chain) into the preceding conv or dot."
 dense = _recipe(
-    "dense", lambda fn: planned_transform(fn, "dense", chain_rules(BiasAct("dot_general")))
+    "dense", lambda fn: transform(fn, "dense", chain_rules(BiasAct("dot_general")))
 )
 dense.__doc__ = "Fuse `dot_general -> add(bias) -> activation` into one `jtile._fused.dense_p`."
 conv_bias_act = _recipe(
     "conv_bias_act",
-    lambda fn: planned_transform(fn, "conv_bias_act", chain_rules(BiasAct("conv_general_dilated"))),
+    lambda fn: transform(fn, "conv_bias_act", chain_rules(BiasAct("conv_general_dilated"))),
 )
 conv_bias_act.__doc__ = "Fuse `conv -> add(bias) -> activation` into one `jtile._fused.conv_bias_act_p`."
 fold_constants = _recipe(
-    "fold_constants", lambda fn: planned_transform(fn, "fold_constants", fold_constants_rules)
+    "fold_constants", lambda fn: transform(fn, "fold_constants", fold_constants_rules)
 )
 fold_constants.__doc__ = "Evaluate at trace time every op whose operands are all constants."
 drop_identity = _recipe(

@@ -34,7 +34,7 @@ import jax.extend.core as jcore
 import numpy as np
 from jax._src import source_info_util
 
-from .._interpreter import INLINED, bind, split_closed, trace, transform
+from .._interpreter import bind
 
 
 class _Const:
@@ -61,13 +61,7 @@ class _Walk:
 
         for eqn in jaxpr.eqns:
             ins = [key(v) for v in eqn.invars]
-            name = eqn.primitive.name
-            if name in INLINED:
-                inner, _ = split_closed(eqn.params[INLINED[name]])
-                outs = self.run(inner, dict(zip(inner.invars, ins)))
-                env.update(zip(eqn.outvars, outs))
-                continue
-            if name == "convert_element_type" and isinstance(ins[0], _Const):
+            if eqn.primitive.name == "convert_element_type" and isinstance(ins[0], _Const):
                 env[eqn.outvars[0]] = ins[0]
             outs = [key(v) for v in eqn.outvars]
             subs = list(jcore.jaxprs_in_params(eqn.params))
@@ -189,7 +183,7 @@ def _chain_rule(recipe: ChainRecipe, plan: Plan, eqn, *invals):
 
 
 def chain_rules(recipe: ChainRecipe) -> Callable:
-    """`make_rules(closed)` for `planned_transform`, planning once per jaxpr."""
+    """`make_rules(closed)` for `transform`, planning once per jaxpr."""
     plans: dict = {}
     names = recipe.starts | recipe.continues
 
@@ -200,22 +194,3 @@ def chain_rules(recipe: ChainRecipe) -> Callable:
         return {name: rule for name in names}
 
     return make_rules
-
-
-def planned_transform(fn: Callable, where: str, make_rules: Callable) -> Callable:
-    """As `_interpreter.transform`, but `make_rules(closed_jaxpr)` sees the jaxpr
-    being evaluated, for rules that plan on the whole graph first."""
-    current: list = []  # a stack: the jaxpr of each call in progress
-    inner = transform(fn, where, lambda: make_rules(current[-1]))
-    cache = inner.__jtile_cache__
-
-    @functools.wraps(fn)
-    def wrapped(*args, **kwargs):
-        current.append(trace(where, fn, args, kwargs, cache).jaxpr)  # cached: inner reuses it
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            current.pop()
-
-    wrapped.__jtile_cache__ = cache
-    return wrapped

@@ -23,7 +23,7 @@ import jax
 import numpy as np
 from jax.extend.core import Literal
 
-from .._interpreter import CONTROL_FLOW, INLINED, bind, iter_eqns
+from .._interpreter import CONTROL_FLOW, bind, iter_eqns
 
 
 def _known(x) -> bool:
@@ -44,7 +44,7 @@ def _fold_rule(max_growth: float, eqn, *invals):
 
 def fold_constants_rules(closed, max_growth: float = 1.0) -> dict:
     """Rules folding every primitive of `closed` (but calls and control flow)."""
-    names = {e.primitive.name for e in iter_eqns(closed.jaxpr)} - set(INLINED) - set(CONTROL_FLOW)
+    names = {e.primitive.name for e in iter_eqns(closed.jaxpr)} - set(CONTROL_FLOW)
     return {name: functools.partial(_fold_rule, max_growth) for name in names}
 
 
@@ -75,7 +75,7 @@ def _neutral(values: dict):
     return rule
 
 
-def drop_identity_rules() -> dict:
+def drop_identity_rules(closed) -> dict:
     """Rules returning the operand of every op that would not change it."""
     return {
         "convert_element_type": _passthrough,

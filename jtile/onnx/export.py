@@ -41,7 +41,7 @@ from jax._src.interpreters import partial_eval as pe
 from onnx import helper, numpy_helper
 
 from .._errors import OnnxError
-from .._interpreter import INLINED, make_jaxpr, split_closed
+from .._interpreter import make_jaxpr
 from ._export_ops import EMITTERS
 
 OPSET = 18
@@ -97,15 +97,9 @@ class _Exporter:
 
     def run(self, jaxpr: jcore.Jaxpr, env: dict, stack) -> list[str]:
         for eqn in jaxpr.eqns:
-            name = eqn.primitive.name
             ins = [self.read(env, v) for v in eqn.invars]
             eqn_stack = stack + eqn.source_info.name_stack
-            if name in INLINED:
-                inner, consts = split_closed(eqn.params[INLINED[name]])
-                sub = dict(zip(inner.invars, ins))
-                sub.update((v, self.graph.const(c)) for v, c in zip(inner.constvars, consts))
-                outs = self.run(inner, sub, eqn_stack)
-            elif all(i in self.graph.constants for i in ins) and not list(jcore.jaxprs_in_params(eqn.params)):
+            if all(i in self.graph.constants for i in ins) and not list(jcore.jaxprs_in_params(eqn.params)):
                 outs = self.fold(eqn, ins)
             else:
                 outs = self.emit(eqn, ins, str(eqn_stack))
