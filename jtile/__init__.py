@@ -14,3 +14,4 @@ from . import fusion as fusion
 from . import onnx as onnx
 from .fusion import fuse as fuse
 from .gemm import split_gemm as split_gemm
+from . import kernels as kernels

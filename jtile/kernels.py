@@ -1,0 +1,476 @@
+"""jtile's C kernels, called through `jax.ffi`, and the jnp reference of each.
+
+At import this module loads `libjtile_kernels.so` (built by `pip install .`
+into the package directory; `JTILE_KERNELS_LIB=/path/lib.so` loads another
+build) and registers every FFI target listed in `_TARGETS` for the CPU.
+Importing never fails: if the library is missing, calling a kernel raises
+`UnsupportedError` saying how to build it.
+
+Every kernel computes in float32 (any other dtype raises `UnsupportedError`;
+cast, or leave that layer to XLA), works under `jax.jit`, and differentiates
+through its jnp reference (`jax.custom_vjp`), so `jax.grad` gives the
+reference's gradients. Layouts: NCHW activations, OIHW conv weights
+`(O, I/groups, KH, KW)`, dense weights `(K, N)` for `x @ w`, or `(N, K)` with
+`transpose_w=True`. Threads come from XLA's intra-op pool.
+
+!!! warning
+
+    Forward-mode differentiation (`jax.jvp`) is not supported, and `jax.vmap`
+    over `conv2d` or `dense` runs the kernel once per batch element.
+"""
+
+import ctypes
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ._errors import ConfigError, UnsupportedError
+
+Pair = tuple[int, int]
+Padding = tuple[Pair, Pair]
+
+LIBRARY_ENV = "JTILE_KERNELS_LIB"
+_LIBRARY_NAME = "libjtile_kernels.so"
+_BUILD_HINT = "build them with `pip install .` (or `kernels/dev_build.sh` in a source checkout)"
+
+# FFI target name -> handler symbol exported by the library.
+_TARGETS: dict[str, str] = {
+    "jtile_conv_direct": "JtileConvDirect",
+    "jtile_conv_smm": "JtileConvSmm",
+    "jtile_dense": "JtileDense",
+    "jtile_max_pool2d": "JtileMaxPool2d",
+    "jtile_avg_pool2d": "JtileAvgPool2d",
+    "jtile_global_avg_pool2d": "JtileGlobalAvgPool2d",
+}
+
+# ----------------------------------------------------------------- epilogues
+
+# Activation name -> code understood by the kernels (kernels/common.h).
+_ACTIVATIONS = {None: 0, "relu": 1, "relu6": 2, "clip": 2, "leaky_relu": 3}
+
+
+def _clip_bounds(activation: str | None, clip: Sequence[float]) -> tuple[float, float]:
+    return (0.0, 6.0) if activation == "relu6" else (float(clip[0]), float(clip[1]))
+
+
+def _check_activation(where: str, activation: str | None) -> None:
+    if activation not in _ACTIVATIONS:
+        names = ", ".join(repr(a) for a in _ACTIVATIONS)
+        raise ConfigError(f"{where}: unknown activation {activation!r}; valid ones are {names}")
+
+
+def _epilogue_attrs(activation: str | None, alpha: float, clip: Sequence[float]) -> dict:
+    lo, hi = _clip_bounds(activation, clip)
+    return dict(
+        activation=np.int64(_ACTIVATIONS[activation]),
+        alpha=np.float32(alpha),
+        clip_lo=np.float32(lo),
+        clip_hi=np.float32(hi),
+    )
+
+
+def activation_reference(y: jax.Array, activation: str | None, alpha: float = 0.0,
+                         clip: Sequence[float] = (0.0, 6.0)) -> jax.Array:
+    """The jnp meaning of a fused activation: None, relu, relu6, clip(lo, hi), leaky_relu(alpha)."""
+    _check_activation("activation_reference", activation)
+    if activation == "relu":
+        return jax.nn.relu(y)
+    if activation == "leaky_relu":
+        return jax.nn.leaky_relu(y, alpha)
+    if activation in ("relu6", "clip"):
+        return jnp.clip(y, *_clip_bounds(activation, clip))
+    return y
+
+
+# ------------------------------------------------------------------ loading
+
+
+def _load_library() -> tuple[str, dict[str, str]]:
+    """Load the library and register its targets; return its path and
+    `{target: why it is unavailable}` for targets that could not be registered."""
+    path = os.environ.get(LIBRARY_ENV) or os.path.join(os.path.dirname(__file__), _LIBRARY_NAME)
+    try:
+        library = ctypes.cdll.LoadLibrary(path)
+    except OSError as error:
+        reason = f"the jtile kernels are not built ({path}: {error}); {_BUILD_HINT}"
+        return path, dict.fromkeys(_TARGETS, reason)
+    missing = {}
+    for target, symbol in _TARGETS.items():
+        handler = getattr(library, symbol, None)
+        if handler is None:
+            missing[target] = f"{path} has no symbol {symbol} (stale build?); {_BUILD_HINT}"
+        else:
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(handler), platform="cpu")
+    return path, missing
+
+
+def kernel_unavailable(target: str) -> str | None:
+    """Why the FFI `target` cannot run (library not built, symbol missing), or None."""
+    return _UNAVAILABLE.get(target)
+
+
+def _call(target: str, out: jax.ShapeDtypeStruct, *arrays, vmap_method: str, **attrs):
+    reason = kernel_unavailable(target)
+    if reason is not None:
+        raise UnsupportedError(reason)
+    return jax.ffi.ffi_call(target, out, vmap_method=vmap_method)(*arrays, **attrs)
+
+
+def _with_reference_vjp(kernel: Callable, reference: Callable) -> Callable:
+    """`kernel` on the forward pass, gradients of `reference` on the backward pass."""
+
+    @jax.custom_vjp
+    def call(*arrays):
+        return kernel(*arrays)
+
+    def forward(*arrays):
+        return kernel(*arrays), arrays
+
+    def backward(arrays, cotangent):
+        return jax.vjp(reference, *arrays)[1](cotangent)
+
+    call.defvjp(forward, backward)
+    return call
+
+
+def _require_float32(where: str, **arrays) -> None:
+    for name, a in arrays.items():
+        if a is not None and jnp.result_type(a) != jnp.float32:
+            raise UnsupportedError(
+                f"{where}: the kernels compute in float32 only, {name} is {jnp.result_type(a)}; "
+                "cast with .astype(jnp.float32) or keep this layer on XLA"
+            )
+
+
+def _require_rank(where: str, name: str, a, rank: int) -> None:
+    if jnp.ndim(a) != rank:
+        raise ConfigError(f"{where}: {name} must be {rank}-D, got shape {jnp.shape(a)}")
+
+
+def _padding(padding) -> Padding:
+    (t, b), (l, r) = padding
+    return (int(t), int(b)), (int(l), int(r))
+
+
+# ------------------------------------------------------------------- conv2d
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvSpec:
+    """One 2-D convolution: NCHW input, OIHW weight, explicit padding."""
+
+    x_shape: tuple[int, int, int, int]
+    w_shape: tuple[int, int, int, int]
+    stride: Pair
+    padding: Padding
+    dilation: Pair
+    groups: int
+    dtype: np.dtype
+
+    @property
+    def out_shape(self) -> tuple[int, int, int, int]:
+        n, _, h, w = self.x_shape
+        o, _, kh, kw = self.w_shape
+        (pt, pb), (pl, pr) = self.padding
+        oh = (h + pt + pb - self.dilation[0] * (kh - 1) - 1) // self.stride[0] + 1
+        ow = (w + pl + pr - self.dilation[1] * (kw - 1) - 1) // self.stride[1] + 1
+        return n, o, oh, ow
+
+    def problem(self) -> str | None:
+        """Why no kernel can run this convolution, or None."""
+        if np.dtype(self.dtype) != np.float32:
+            return f"the kernels compute in float32 only, this layer is {np.dtype(self.dtype)}"
+        if len(self.x_shape) != 4 or len(self.w_shape) != 4:
+            return f"conv2d needs 4-D NCHW input and OIHW weight, got {self.x_shape} and {self.w_shape}"
+        if self.groups < 1 or self.x_shape[1] != self.w_shape[1] * self.groups or self.w_shape[0] % self.groups:
+            return (
+                f"input {self.x_shape} and weight {self.w_shape} do not match groups={self.groups} "
+                "(need C == I * groups and O divisible by groups)"
+            )
+        if min(self.stride + self.dilation) < 1:
+            return f"stride {self.stride} and dilation {self.dilation} must be >= 1"
+        if min(p for pair in self.padding for p in pair) < 0:
+            return f"negative padding {self.padding} (cropping) has no kernel; crop the input first"
+        if min(self.out_shape) < 1:
+            return f"the output {self.out_shape} is empty"
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvAlgorithm:
+    """A conv kernel: its FFI target and which layers it can run."""
+
+    target: str
+    support: Callable[[ConvSpec], str | None]
+
+
+_CONV_ALGORITHMS: dict[str, ConvAlgorithm] = {}
+
+
+def register_conv_algorithm(name: str, target: str, symbol: str,
+                            support: Callable[[ConvSpec], str | None]) -> None:
+    """Add a conv algorithm whose handler uses `JTILE_CONV_BINDING` (kernels/common.h)."""
+    _TARGETS[target] = symbol
+    _CONV_ALGORITHMS[name] = ConvAlgorithm(target, support)
+
+
+def _any_conv(spec: ConvSpec) -> str | None:
+    return None
+
+
+def conv2d_reference(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
+                     stride: Pair = (1, 1), padding: Padding = ((0, 0), (0, 0)),
+                     dilation: Pair = (1, 1), groups: int = 1, activation: str | None = None,
+                     alpha: float = 0.0, clip: Sequence[float] = (0.0, 6.0)) -> jax.Array:
+    """`conv2d` in `lax`: NCHW x, OIHW w, optional bias (O,), fused activation."""
+    y = lax.conv_general_dilated(
+        x, w, tuple(stride), tuple(tuple(p) for p in padding), rhs_dilation=tuple(dilation),
+        dimension_numbers=("NCHW", "OIHW", "NCHW"), feature_group_count=groups,
+        precision=lax.Precision.HIGHEST,
+    )
+    if b is not None:
+        y = y + b[None, :, None, None]
+    return activation_reference(y, activation, alpha, clip)
+
+
+def conv2d_support(algorithm: str, *, x_shape: Sequence[int], w_shape: Sequence[int],
+                   stride: Sequence[int], padding, dilation: Sequence[int], groups: int,
+                   dtype) -> str | None:
+    """None if `algorithm` can run this convolution, else the reason it cannot."""
+    if algorithm not in _CONV_ALGORITHMS:
+        raise ConfigError(
+            f"conv2d: unknown algorithm {algorithm!r}; known ones are {', '.join(_CONV_ALGORITHMS)}"
+        )
+    spec = ConvSpec(tuple(x_shape), tuple(w_shape), tuple(stride), _padding(padding),
+                    tuple(dilation), int(groups), np.dtype(dtype))
+    kernel = _CONV_ALGORITHMS[algorithm]
+    return spec.problem() or kernel.support(spec) or kernel_unavailable(kernel.target)
+
+
+def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm: str = "direct",
+           stride: Pair = (1, 1), padding: Padding = ((0, 0), (0, 0)), dilation: Pair = (1, 1),
+           groups: int = 1, activation: str | None = None, alpha: float = 0.0,
+           clip: Sequence[float] = (0.0, 6.0)) -> jax.Array:
+    """2-D convolution by the C kernel `algorithm`, with bias and activation fused.
+
+    `x` NCHW, `w` OIHW `(O, C/groups, KH, KW)`, `b` `(O,)` or None; `activation`
+    one of None, "relu", "relu6", "clip" (to `clip=(lo, hi)`), "leaky_relu"
+    (slope `alpha`). Raises `UnsupportedError` naming why if the algorithm
+    cannot run this layer (see `conv2d_support`).
+    """
+    _check_activation("conv2d", activation)
+    _require_float32("conv2d", x=x, w=w, b=b)
+    config = dict(stride=tuple(int(s) for s in stride), padding=_padding(padding),
+                  dilation=tuple(int(d) for d in dilation), groups=int(groups))
+    reason = conv2d_support(algorithm, x_shape=jnp.shape(x), w_shape=jnp.shape(w),
+                            dtype=jnp.result_type(x), **config)
+    if reason is not None:
+        raise UnsupportedError(f"conv2d: algorithm {algorithm!r} cannot run this layer: {reason}")
+    if b is not None and jnp.shape(b) != (jnp.shape(w)[0],):
+        raise ConfigError(f"conv2d: bias must have shape ({jnp.shape(w)[0]},), got {jnp.shape(b)}")
+    spec = ConvSpec(jnp.shape(x), jnp.shape(w), dtype=np.dtype(np.float32), **config)
+    (pt, pb), (pl, pr) = spec.padding
+    attrs = dict(
+        conv=np.array([*spec.stride, pt, pb, pl, pr, *spec.dilation, spec.groups], np.int64),
+        **_epilogue_attrs(activation, alpha, clip),
+    )
+    out = jax.ShapeDtypeStruct(spec.out_shape, jnp.float32)
+    target = _CONV_ALGORITHMS[algorithm].target
+
+    def kernel(x, w, b=None):
+        b = jnp.zeros(w.shape[0], jnp.float32) if b is None else b
+        return _call(target, out, x, w, b, vmap_method="sequential", **attrs)
+
+    def reference(*arrays):
+        return conv2d_reference(*arrays, **config, activation=activation, alpha=alpha, clip=clip)
+
+    arrays = (x, w) if b is None else (x, w, b)
+    return _with_reference_vjp(kernel, reference)(*arrays)
+
+
+register_conv_algorithm("direct", "jtile_conv_direct", "JtileConvDirect", _any_conv)
+register_conv_algorithm("smm", "jtile_conv_smm", "JtileConvSmm", _any_conv)
+
+# ------------------------------------------------------------- more kernels
+# How to add a kernel (K2: winograd and depthwise go here):
+#  1. Write kernels/<family>.cc. A conv algorithm implements the signature in
+#     kernels/common.h and exports it with
+#     XLA_FFI_DEFINE_HANDLER_SYMBOL(JtileConvX, Impl, JTILE_CONV_BINDING);
+#  2. Add one entry here:
+#        register_conv_algorithm("x", "jtile_conv_x", "JtileConvX", _x_support)
+#     where `_x_support(spec: ConvSpec) -> str | None` explains which layers it
+#     cannot run (shape, dtype and padding checks are already done by
+#     `ConvSpec.problem`). `conv2d(..., algorithm="x")` then dispatches to it.
+#  3. A kernel with another signature: add `_TARGETS["jtile_x"] = "JtileX"`, a
+#     jnp reference, and a thin wrapper calling `_call(...)` inside
+#     `_with_reference_vjp(kernel, reference)` like `dense` below.
+#  4. Rebuild: kernels/dev_build.sh; test in tests/test_kernels*.py.
+
+
+def _winograd_support(spec: ConvSpec) -> str | None:
+    """Winograd F(4x4, 3x3): 3x3 kernel, stride 1, dilation 1, groups 1 only."""
+    found = {"kernel": spec.w_shape[2:], "stride": spec.stride, "dilation": spec.dilation,
+             "groups": spec.groups}
+    wanted = {"kernel": (3, 3), "stride": (1, 1), "dilation": (1, 1), "groups": 1}
+    wrong = [f"{key} {found[key]}" for key in wanted if found[key] != wanted[key]]
+    if wrong:
+        return ("winograd F(4x4, 3x3) needs a 3x3 kernel, stride 1, dilation 1 and groups 1; "
+                f"this layer has {', '.join(wrong)}; use 'direct' or 'smm'")
+    return None
+
+
+def _depthwise_support(spec: ConvSpec) -> str | None:
+    """Depthwise: one group per input channel (any channel multiplier)."""
+    channels = spec.x_shape[1]
+    if spec.groups != channels:
+        return (f"depthwise needs groups == input channels ({channels}), this layer has "
+                f"groups {spec.groups}; use 'direct' or 'smm'")
+    return None
+
+
+register_conv_algorithm("winograd", "jtile_conv_winograd", "JtileConvWinograd", _winograd_support)
+register_conv_algorithm("depthwise", "jtile_conv_depthwise", "JtileConvDepthwise", _depthwise_support)
+
+# ----------------------------------------------------------------- end more
+
+# -------------------------------------------------------------------- dense
+
+
+def dense_reference(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
+                    activation: str | None = None, alpha: float = 0.0,
+                    clip: Sequence[float] = (0.0, 6.0), transpose_w: bool = False) -> jax.Array:
+    """`act(x @ w + b)` in jnp (`x @ w.T` if `transpose_w`)."""
+    y = jnp.dot(x, w.T if transpose_w else w, precision=lax.Precision.HIGHEST)
+    if b is not None:
+        y = y + b
+    return activation_reference(y, activation, alpha, clip)
+
+
+def dense(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
+          activation: str | None = None, alpha: float = 0.0,
+          clip: Sequence[float] = (0.0, 6.0), transpose_w: bool = False) -> jax.Array:
+    """`act(x @ w + b)` by the C kernel: x `(M, K)`, w `(K, N)`, b `(N,)` or None.
+
+    With `transpose_w`, w is `(N, K)` (PyTorch's Linear layout) and the kernel
+    computes `x @ w.T` without transposing w. Few rows (M < 8) take a
+    matrix-vector path that streams w once, in place; more rows a packed,
+    register-blocked GEMM.
+    """
+    _check_activation("dense", activation)
+    _require_float32("dense", x=x, w=w, b=b)
+    _require_rank("dense", "x", x, 2)
+    _require_rank("dense", "w", w, 2)
+    (m, k), (k2, n) = jnp.shape(x), jnp.shape(w)[::-1] if transpose_w else jnp.shape(w)
+    if k != k2:
+        op = "x @ w.T" if transpose_w else "x @ w"
+        raise ConfigError(f"dense: x {jnp.shape(x)} and w {jnp.shape(w)} do not chain ({op})")
+    if b is not None and jnp.shape(b) != (n,):
+        raise ConfigError(f"dense: bias must have shape ({n},), got {jnp.shape(b)}")
+    attrs = dict(_epilogue_attrs(activation, alpha, clip), transpose_w=np.int64(bool(transpose_w)))
+    out = jax.ShapeDtypeStruct((m, n), jnp.float32)
+
+    def kernel(x, w, b=None):
+        b = jnp.zeros(n, jnp.float32) if b is None else b
+        return _call("jtile_dense", out, x, w, b, vmap_method="sequential", **attrs)
+
+    def reference(*arrays):
+        return dense_reference(*arrays, activation=activation, alpha=alpha, clip=clip,
+                               transpose_w=transpose_w)
+
+    arrays = (x, w) if b is None else (x, w, b)
+    return _with_reference_vjp(kernel, reference)(*arrays)
+
+
+# ------------------------------------------------------------------ pooling
+
+
+def _pool_config(window, stride, padding) -> tuple[Pair, Pair, Padding]:
+    window, stride = tuple(int(v) for v in window), tuple(int(v) for v in stride)
+    padding = _padding(padding)
+    if len(window) != 2 or len(stride) != 2 or min(window + stride) < 1:
+        raise ConfigError(f"pool2d: window {window} and stride {stride} must be two positive ints each")
+    if min(p for pair in padding for p in pair) < 0:
+        raise ConfigError(f"pool2d: padding {padding} must be non-negative")
+    return window, stride, padding
+
+
+def _pool_out_shape(where: str, x, window: Pair, stride: Pair, padding: Padding) -> tuple[int, ...]:
+    _require_float32(where, x=x)
+    _require_rank(where, "x", x, 4)
+    *lead, h, w = jnp.shape(x)
+    oh = (h + sum(padding[0]) - window[0]) // stride[0] + 1
+    ow = (w + sum(padding[1]) - window[1]) // stride[1] + 1
+    if oh < 1 or ow < 1:
+        raise ConfigError(f"{where}: window {window} does not fit the padded input {jnp.shape(x)}")
+    return (*lead, oh, ow)
+
+
+def _reduce_window(x, init, op, window, stride, padding):
+    return lax.reduce_window(x, init, op, (1, 1, *window), (1, 1, *stride), ((0, 0), (0, 0), *padding))
+
+
+def max_pool2d_reference(x: jax.Array, window: Pair, stride: Pair, padding: Padding) -> jax.Array:
+    """NCHW max pooling in `lax`; padding counts as -inf."""
+    return _reduce_window(x, -jnp.inf, lax.max, window, stride, padding)
+
+
+def avg_pool2d_reference(x: jax.Array, window: Pair, stride: Pair, padding: Padding,
+                         count_include_pad: bool = True) -> jax.Array:
+    """NCHW average pooling in `lax`; padding counts as 0, and as a divisor
+    element only if `count_include_pad`."""
+    total = _reduce_window(x, 0.0, lax.add, window, stride, padding)
+    if count_include_pad:
+        return total / (window[0] * window[1])
+    ones = jnp.ones(x.shape[2:], x.dtype)[None, None]
+    return total / _reduce_window(ones, 0.0, lax.add, window, stride, padding)
+
+
+def global_avg_pool2d_reference(x: jax.Array) -> jax.Array:
+    """Mean over H and W, kept as (N, C, 1, 1)."""
+    return jnp.mean(x, axis=(2, 3), keepdims=True)
+
+
+def _pool_call(target: str, out_shape, x, reference: Callable, **attrs) -> jax.Array:
+    out = jax.ShapeDtypeStruct(out_shape, jnp.float32)
+
+    def kernel(x):
+        return _call(target, out, x, vmap_method="broadcast_all", **attrs)
+
+    return _with_reference_vjp(kernel, reference)(x)
+
+
+def _pool_attr(window: Pair, stride: Pair, padding: Padding) -> np.ndarray:
+    return np.array([*window, *stride, *padding[0], *padding[1]], np.int64)
+
+
+def max_pool2d(x: jax.Array, window: Pair, stride: Pair, padding: Padding = ((0, 0), (0, 0))) -> jax.Array:
+    """NCHW max pooling by the C kernel (padding counts as -inf, NaN propagates)."""
+    window, stride, padding = _pool_config(window, stride, padding)
+    out_shape = _pool_out_shape("max_pool2d", x, window, stride, padding)
+    reference = lambda x: max_pool2d_reference(x, window, stride, padding)  # noqa: E731
+    return _pool_call("jtile_max_pool2d", out_shape, x, reference, pool=_pool_attr(window, stride, padding))
+
+
+def avg_pool2d(x: jax.Array, window: Pair, stride: Pair, padding: Padding = ((0, 0), (0, 0)),
+               count_include_pad: bool = True) -> jax.Array:
+    """NCHW average pooling by the C kernel; see `avg_pool2d_reference`."""
+    window, stride, padding = _pool_config(window, stride, padding)
+    out_shape = _pool_out_shape("avg_pool2d", x, window, stride, padding)
+    reference = lambda x: avg_pool2d_reference(x, window, stride, padding, count_include_pad)  # noqa: E731
+    return _pool_call("jtile_avg_pool2d", out_shape, x, reference, pool=_pool_attr(window, stride, padding),
+                      count_include_pad=np.int64(bool(count_include_pad)))
+
+
+def global_avg_pool2d(x: jax.Array) -> jax.Array:
+    """Mean over H and W of NCHW `x` by the C kernel, shape (N, C, 1, 1)."""
+    _require_float32("global_avg_pool2d", x=x)
+    _require_rank("global_avg_pool2d", "x", x, 4)
+    return _pool_call("jtile_global_avg_pool2d", (*jnp.shape(x)[:2], 1, 1), x, global_avg_pool2d_reference)
+
+
+LIBRARY_PATH, _UNAVAILABLE = _load_library()

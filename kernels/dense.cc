@@ -1,0 +1,159 @@
+// Dense layer y = act(x @ w + b), x (M, K), b (N,), w (K, N) row-major or,
+// with transpose_w, (N, K) (PyTorch's Linear layout, y = x @ w.T).
+// Few rows (M < GEMV_MAX_ROWS): matrix-vector paths that stream w once, in
+// place. For (K, N): four rows of w at a time; tasks split K (so each reads
+// long contiguous runs of w) and N blocks, accumulate into per-task partial
+// rows, and a final pass sums the partials with bias and activation. For
+// (N, K): each output is a dot product of a contiguous row of w with x, four
+// rows at a time. More rows: the packed GEMM of gemm.h.
+#include "gemm.h"
+
+namespace jtile {
+namespace {
+
+constexpr int64_t GEMV_MAX_ROWS = 8;
+constexpr int64_t GEMV_ACC_FLOATS = 4096;  // partial-sum floats per task (16 KB, L1)
+
+// acc[r][0:cols] += sum_{p in [k0, k1)} x[r][p] * w[p][0:cols] for r < m.
+void gemv_block(int64_t m, int64_t k, int64_t n, int64_t cols, int64_t k0, int64_t k1,
+                const float* x, const float* w, float* acc) {
+  int64_t p = k0;
+  for (; p + 4 <= k1; p += 4) {
+    const float* w0 = w + p * n;
+    for (int64_t j = 0; j < cols; j += W) {
+      const int lanes = (int)std::min<int64_t>(W, cols - j);
+      auto load = [&](const float* q) { return lanes == W ? vload(q + j) : vload_partial(q + j, lanes); };
+      const V b0 = load(w0), b1 = load(w0 + n), b2 = load(w0 + 2 * n), b3 = load(w0 + 3 * n);
+      for (int64_t r = 0; r < m; ++r) {
+        const float* xr = x + r * k + p;
+        float* a = acc + r * cols + j;
+        V s = lanes == W ? vload(a) : vload_partial(a, lanes);
+        s = vfma(vset1(xr[0]), b0, s);
+        s = vfma(vset1(xr[1]), b1, s);
+        s = vfma(vset1(xr[2]), b2, s);
+        s = vfma(vset1(xr[3]), b3, s);
+        if (lanes == W) vstore(a, s); else vstore_partial(a, s, lanes);
+      }
+    }
+  }
+  for (; p < k1; ++p)
+    for (int64_t r = 0; r < m; ++r) {
+      const float xv = x[r * k + p];
+      for (int64_t j = 0; j < cols; ++j) acc[r * cols + j] += xv * w[p * n + j];
+    }
+}
+
+void gemv(ffi::ThreadPool& pool, int64_t m, int64_t k, int64_t n, const float* x, const float* w,
+          const float* bias, const Epilogue& ep, float* y) {
+  const int64_t block = std::max<int64_t>(W, GEMV_ACC_FLOATS / m / W * W);
+  const int64_t nblocks = ceil_div(n, block);
+  const int64_t wanted = ceil_div(2 * (pool.num_threads() + 1), nblocks);
+  const int64_t kstep = std::max<int64_t>(64, ceil_div(k, std::max<int64_t>(1, wanted)));
+  const int64_t kchunks = std::max<int64_t>(1, ceil_div(k, kstep));
+  // partial[chunk][block] holds m rows of that block's columns.
+  Scratch partial = make_scratch(kchunks * m * n);
+  parallel_for(pool, kchunks * nblocks, [&](int64_t task) {
+    const int64_t c = task / nblocks, n0 = task % nblocks * block, cols = std::min(block, n - n0);
+    gemv_block(m, k, n, cols, c * kstep, std::min(k, (c + 1) * kstep), x, w + n0,
+               &partial[(c * n + n0) * m]);
+  });
+  parallel_for(pool, nblocks, [&](int64_t b) {
+    const int64_t n0 = b * block, cols = std::min(block, n - n0);
+    for (int64_t r = 0; r < m; ++r) {
+      float* dst = y + r * n + n0;
+      std::memcpy(dst, &partial[n0 * m + r * cols], cols * sizeof(float));
+      for (int64_t c = 1; c < kchunks; ++c) {
+        const float* src = &partial[(c * n + n0) * m + r * cols];
+        for (int64_t j = 0; j < cols; ++j) dst[j] += src[j];
+      }
+      for (int64_t j = 0; j < cols; ++j) dst[j] = ep(dst[j] + bias[n0 + j]);
+    }
+  });
+}
+
+// y[r][n] = ep(dot(x[r], w[n]) + bias[n]) for w (N, K) row-major.
+void gemv_nk(ffi::ThreadPool& pool, int64_t m, int64_t k, int64_t n, const float* x,
+             const float* w, const float* bias, const Epilogue& ep, float* y) {
+  constexpr int64_t ROWS = 4, ROWS_PER_TASK = 64;
+  parallel_for(pool, ceil_div(n, ROWS_PER_TASK), [&](int64_t task) {
+    const int64_t end = std::min(n, (task + 1) * ROWS_PER_TASK);
+    for (int64_t n0 = task * ROWS_PER_TASK; n0 < end; n0 += ROWS) {
+      const int64_t rows = std::min(ROWS, end - n0);
+      for (int64_t r = 0; r < m; ++r) {
+        const float* xr = x + r * k;
+        V acc[ROWS] = {vzero(), vzero(), vzero(), vzero()};
+        for (int64_t p = 0; p < k; p += W) {
+          const int lanes = (int)std::min<int64_t>(W, k - p);
+          const V xv = lanes == W ? vload(xr + p) : vload_partial(xr + p, lanes);
+          for (int64_t i = 0; i < rows; ++i) {
+            const float* wi = w + (n0 + i) * k + p;
+            acc[i] = vfma(xv, lanes == W ? vload(wi) : vload_partial(wi, lanes), acc[i]);
+          }
+        }
+        for (int64_t i = 0; i < rows; ++i) {
+          float lane[W];
+          vstore(lane, acc[i]);
+          float total = 0.0f;
+          for (float v : lane) total += v;
+          y[r * n + n0 + i] = ep(total + bias[n0 + i]);
+        }
+      }
+    }
+  });
+}
+
+// B = w^T for w (N, K) row-major: packs a kc x nc block by gathering columns.
+struct TransposedB final : BPacker {
+  const float* w;
+  int64_t k;
+  TransposedB(const float* w, int64_t k) : w(w), k(k) {}
+  void pack(int64_t k0, int64_t kc, int64_t n0, int64_t nc, float* dst) const override {
+    for (int64_t j = 0; j < nc; j += GEMM_NR, dst += kc * GEMM_NR)
+      for (int q = 0; q < GEMM_NR; ++q) {
+        if (j + q >= nc) {
+          for (int64_t p = 0; p < kc; ++p) dst[p * GEMM_NR + q] = 0.0f;
+          continue;
+        }
+        const float* row = w + (n0 + j + q) * k + k0;
+        for (int64_t p = 0; p < kc; ++p) dst[p * GEMM_NR + q] = row[p];
+      }
+  }
+};
+
+ffi::Error Dense(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, int64_t act,
+                 float alpha, float lo, float hi, int64_t transpose_w, F32Result y) {
+  auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
+  const int64_t wk = transpose_w ? 1 : 0;
+  if (xd.size() != 2 || wd.size() != 2 || yd.size() != 2 || xd[1] != wd[wk] || yd[0] != xd[0] ||
+      yd[1] != wd[1 - wk] || (int64_t)b.element_count() != wd[1 - wk])
+    return ffi::Error::InvalidArgument("jtile dense: expected x (M, K), w (K, N) or (N, K), b (N,), y (M, N)");
+  Epilogue ep;
+  if (auto e = make_epilogue(act, alpha, lo, hi, &ep); e.failure()) return e;
+  const int64_t m = xd[0], k = xd[1], n = yd[1];
+  if (m == 0 || n == 0) return ffi::Error::Success();
+  const float *xs = x.typed_data(), *ws = w.typed_data(), *bs = b.typed_data();
+  float* ys = y->typed_data();
+  const GemmOutput out{ys, n, nullptr, bs, ep};
+  if (m < GEMV_MAX_ROWS && transpose_w)
+    gemv_nk(pool, m, k, n, xs, ws, bs, ep, ys);
+  else if (m < GEMV_MAX_ROWS)
+    gemv(pool, m, k, n, xs, ws, bs, ep, ys);
+  else if (transpose_w)
+    gemm(pool, m, n, k, xs, k, TransposedB(ws, k), out);
+  else
+    gemm(pool, m, n, k, xs, k, RowMajorB(ws, n), out);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jtile
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JtileDense, jtile::Dense,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::ThreadPool>()
+                                  .Arg<jtile::F32Buffer>()
+                                  .Arg<jtile::F32Buffer>()
+                                  .Arg<jtile::F32Buffer>()
+                                  .JTILE_EPILOGUE_ATTRS
+                                  .Attr<int64_t>("transpose_w")
+                                  .Ret<jtile::F32Buffer>());

@@ -1,0 +1,269 @@
+"""The C kernels of `jtile.kernels` against their jnp/lax references.
+
+Tolerances: the kernels accumulate float32 in a different order than XLA, so
+values are compared with rtol = atol = 1e-4 on unit-normal data with at most a
+few hundred terms per output (observed error ~1e-6 per term); NaN and Inf must
+appear exactly where the reference has them.
+"""
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import jtile
+from jtile import kernels
+
+ACTIVATIONS = [None, "relu", "relu6", "clip", "leaky_relu"]
+EPILOGUE = dict(alpha=0.2, clip=(-0.5, 0.75))
+TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def library_built():
+    """Fail (not skip) every test here if the kernels library is missing."""
+    missing = {t: kernels.kernel_unavailable(t) for t in kernels._TARGETS if kernels.kernel_unavailable(t)}
+    if missing:
+        pytest.fail(f"jtile kernels unavailable: {missing}")
+
+
+def _normal(rng, shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def _conv_case(draw):
+    groups = draw(st.integers(1, 3))
+    cg, og = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    dilation = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    padding = tuple((draw(st.integers(0, 2)), draw(st.integers(0, 2))) for _ in range(2))
+    span_h, span_w = (kh - 1) * dilation[0] + 1, (kw - 1) * dilation[1] + 1
+    h = draw(st.integers(max(1, span_h - sum(padding[0])), 13))
+    w = draw(st.integers(max(1, span_w - sum(padding[1])), 13))
+    n = draw(st.integers(1, 2))
+    return dict(
+        x_shape=(n, cg * groups, h, w), w_shape=(og * groups, cg, kh, kw),
+        config=dict(stride=stride, padding=padding, dilation=dilation, groups=groups),
+        activation=draw(st.sampled_from(ACTIVATIONS)), bias=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+conv_cases = st.composite(_conv_case)
+
+
+@pytest.mark.parametrize("algorithm", ["direct", "smm"])
+@settings(max_examples=25, deadline=None)
+@given(case=conv_cases())
+def test_conv2d_matches_reference(algorithm, case):
+    rng = np.random.default_rng(case["seed"])
+    x, w = _normal(rng, case["x_shape"]), _normal(rng, case["w_shape"])
+    b = _normal(rng, case["w_shape"][0]) if case["bias"] else None
+    kw = dict(**case["config"], activation=case["activation"], **EPILOGUE)
+    got = kernels.conv2d(x, w, b, algorithm=algorithm, **kw)
+    np.testing.assert_allclose(got, kernels.conv2d_reference(x, w, b, **kw), **TOL)
+
+
+@pytest.mark.parametrize("algorithm", ["direct", "smm"])
+def test_conv2d_large_blocks_match_reference(algorithm):
+    # 40 channels x 3x3 = 360 taps (two GEMM K blocks), 300 output channels
+    # (several M chunks), 45x47 pixels (several N blocks and ragged tiles).
+    rng = np.random.default_rng(1)
+    x, w, b = _normal(rng, (1, 40, 45, 47)), _normal(rng, (300, 40, 3, 3)), _normal(rng, 300)
+    kw = dict(padding=((1, 0), (2, 1)), activation="relu")
+    got = kernels.conv2d(x, w, b, algorithm=algorithm, **kw)
+    np.testing.assert_allclose(got, kernels.conv2d_reference(x, w, b, **kw), rtol=1e-4, atol=3e-4)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    m=st.integers(1, 20), k=st.integers(1, 300), n=st.integers(1, 90),
+    activation=st.sampled_from(ACTIVATIONS), bias=st.booleans(), transpose_w=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_dense_matches_reference(m, k, n, activation, bias, transpose_w, seed):
+    rng = np.random.default_rng(seed)
+    x, w = _normal(rng, (m, k)), _normal(rng, (n, k) if transpose_w else (k, n))
+    b = _normal(rng, n) if bias else None
+    kw = dict(activation=activation, transpose_w=transpose_w, **EPILOGUE)
+    got = kernels.dense(x, w, b, **kw)
+    np.testing.assert_allclose(got, kernels.dense_reference(x, w, b, **kw), rtol=1e-4, atol=3e-4)
+
+
+# Matrix-vector paths (m < 8) and the packed GEMM over several M chunks and K blocks.
+@pytest.mark.parametrize("m", [1, 5, 200])
+@pytest.mark.parametrize("transpose_w", [False, True])
+def test_dense_large_blocks_match_reference(m, transpose_w):
+    rng = np.random.default_rng(2)
+    k, n = 600, 5000 if m < 8 else 530
+    x, w = _normal(rng, (m, k)), _normal(rng, (n, k) if transpose_w else (k, n))
+    kw = dict(activation="leaky_relu", alpha=0.1, transpose_w=transpose_w)
+    got = kernels.dense(x, w, **kw)
+    np.testing.assert_allclose(got, kernels.dense_reference(x, w, **kw), rtol=1e-4, atol=5e-4)
+
+
+def _pool_case(draw):
+    window = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    padding = tuple((draw(st.integers(0, 2)), draw(st.integers(0, 2))) for _ in range(2))
+    h = draw(st.integers(max(1, window[0] - sum(padding[0])), 12))
+    w = draw(st.integers(max(1, window[1] - sum(padding[1])), 12))
+    return (draw(st.integers(1, 2)), draw(st.integers(1, 3)), h, w), window, stride, padding
+
+
+@settings(max_examples=15, deadline=None)
+@given(case=st.composite(_pool_case)(), include_pad=st.booleans(), seed=st.integers(0, 2**16))
+def test_pools_match_reference(case, include_pad, seed):
+    shape, window, stride, padding = case
+    x = _normal(np.random.default_rng(seed), shape)
+    np.testing.assert_allclose(kernels.max_pool2d(x, window, stride, padding),
+                               kernels.max_pool2d_reference(x, window, stride, padding), **TOL)
+    np.testing.assert_allclose(kernels.avg_pool2d(x, window, stride, padding, include_pad),
+                               kernels.avg_pool2d_reference(x, window, stride, padding, include_pad), **TOL)
+    np.testing.assert_allclose(kernels.global_avg_pool2d(x), kernels.global_avg_pool2d_reference(x), **TOL)
+
+
+def _with_nonfinite(x: np.ndarray) -> np.ndarray:
+    flat = x.reshape(-1).copy()
+    flat[[3, 17]] = np.nan
+    flat[[8, 40]] = np.inf
+    flat[25] = -np.inf
+    return flat.reshape(x.shape)
+
+
+_NONFINITE_CASES = {
+    "conv_direct": (lambda x, w: kernels.conv2d(x, w, algorithm="direct", padding=((1, 1), (1, 1)), activation="relu"),
+                    lambda x, w: kernels.conv2d_reference(x, w, padding=((1, 1), (1, 1)), activation="relu")),
+    "conv_smm": (lambda x, w: kernels.conv2d(x, w, algorithm="smm", stride=(2, 1), activation="relu6"),
+                 lambda x, w: kernels.conv2d_reference(x, w, stride=(2, 1), activation="relu6")),
+    "dense_gemv": (lambda x, w: kernels.dense(x.reshape(2, 36), w.reshape(36, -1)[:, :5]),
+                   lambda x, w: kernels.dense_reference(x.reshape(2, 36), w.reshape(36, -1)[:, :5])),
+    "dense_gemm": (lambda x, w: kernels.dense(x.reshape(9, -1), x.reshape(-1, 9)),
+                   lambda x, w: kernels.dense_reference(x.reshape(9, -1), x.reshape(-1, 9))),
+    "dense_gemv_nk": (lambda x, w: kernels.dense(x.reshape(2, 36), x.reshape(2, 36), transpose_w=True),
+                      lambda x, w: kernels.dense_reference(x.reshape(2, 36), x.reshape(2, 36), transpose_w=True)),
+    "max_pool": (lambda x, w: kernels.max_pool2d(x, (2, 2), (1, 1), ((1, 0), (0, 1))),
+                 lambda x, w: kernels.max_pool2d_reference(x, (2, 2), (1, 1), ((1, 0), (0, 1)))),
+    "avg_pool": (lambda x, w: kernels.avg_pool2d(x, (3, 3), (2, 2), ((1, 1), (1, 1)), False),
+                 lambda x, w: kernels.avg_pool2d_reference(x, (3, 3), (2, 2), ((1, 1), (1, 1)), False)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_NONFINITE_CASES))
+def test_nan_and_inf_propagate_like_reference(name):
+    rng = np.random.default_rng(3)
+    x, w = _with_nonfinite(_normal(rng, (1, 2, 6, 6))), _normal(rng, (4, 2, 3, 3))
+    kernel, reference = _NONFINITE_CASES[name]
+    got, want = np.asarray(kernel(x, w)), np.asarray(reference(x, w))
+    assert not np.isfinite(want).all()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isposinf(got), np.isposinf(want))
+    np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want))
+    np.testing.assert_allclose(got, want, **TOL)
+
+
+_GRAD_CASES = {
+    "conv_direct": (lambda x, w, b: kernels.conv2d(x, w, b, algorithm="direct", stride=(2, 2), groups=2, activation="leaky_relu", alpha=0.1),
+                    lambda x, w, b: kernels.conv2d_reference(x, w, b, stride=(2, 2), groups=2, activation="leaky_relu", alpha=0.1)),
+    "conv_smm": (lambda x, w, b: kernels.conv2d(x, w, b, algorithm="smm", padding=((1, 0), (0, 2)), groups=2, activation="relu"),
+                 lambda x, w, b: kernels.conv2d_reference(x, w, b, padding=((1, 0), (0, 2)), groups=2, activation="relu")),
+    "dense_gemm": (lambda x, w, b: kernels.dense(x.reshape(28, 12), w.reshape(-1, 6)[:12], b, activation="relu6"),
+                   lambda x, w, b: kernels.dense_reference(x.reshape(28, 12), w.reshape(-1, 6)[:12], b, activation="relu6")),
+    "dense_gemv": (lambda x, w, b: kernels.dense(x[0, 0, :2], w.reshape(-1, 6)[:6], b, activation="clip", clip=(-1, 1), transpose_w=True),
+                   lambda x, w, b: kernels.dense_reference(x[0, 0, :2], w.reshape(-1, 6)[:6], b, activation="clip", clip=(-1, 1), transpose_w=True)),
+    "pools": (lambda x, w, b: kernels.max_pool2d(x, (2, 2), (2, 2)).sum() + kernels.avg_pool2d(x, (3, 3), (1, 1), ((1, 1), (1, 1)), False).sum() + kernels.global_avg_pool2d(x).sum(),
+              lambda x, w, b: kernels.max_pool2d_reference(x, (2, 2), (2, 2), ((0, 0), (0, 0))).sum() + kernels.avg_pool2d_reference(x, (3, 3), (1, 1), ((1, 1), (1, 1)), False).sum() + kernels.global_avg_pool2d_reference(x).sum()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_GRAD_CASES))
+def test_grad_matches_reference_grad(name, getkey, tree_allclose):
+    x = jax.random.normal(getkey(), (2, 4, 7, 6))
+    w = jax.random.normal(getkey(), (6, 2, 3, 3))
+    b = jax.random.normal(getkey(), (6,))
+    kernel, reference = _GRAD_CASES[name]
+
+    def loss(f):
+        return lambda *a: jnp.sum(jnp.sin(f(*a)))
+
+    got = jax.grad(loss(kernel), argnums=(0, 1, 2))(x, w, b)
+    want = jax.grad(loss(reference), argnums=(0, 1, 2))(x, w, b)
+    assert tree_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_kernels_work_under_jit_and_vmap(getkey, tree_allclose):
+    xs = jax.random.normal(getkey(), (2, 2, 4, 9, 8))
+    w = jax.random.normal(getkey(), (5, 4, 3, 3))
+    dw = jax.random.normal(getkey(), (4 * 9 * 8, 7))
+
+    def model(conv, dense, pool):
+        def f(x):
+            y = conv(x, w, padding=((1, 1), (1, 1)), activation="relu")
+            y = pool(y, (2, 2), (2, 2), ((0, 0), (0, 0)))
+            return dense(x.reshape(x.shape[0], -1), dw), y
+
+        return f
+
+    fast = model(kernels.conv2d, kernels.dense, kernels.max_pool2d)
+    slow = model(kernels.conv2d_reference, kernels.dense_reference, kernels.max_pool2d_reference)
+    assert tree_allclose(jax.jit(jax.vmap(fast))(xs), jax.vmap(slow)(xs), rtol=1e-4, atol=1e-4)
+    assert tree_allclose(jax.vmap(jax.jit(fast))(xs), jax.vmap(slow)(xs), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.int32])
+def test_non_float32_raises_unsupported(dtype):
+    x, w = jnp.ones((1, 2, 5, 5), dtype), jnp.ones((3, 2, 3, 3), dtype)
+    with pytest.raises(jtile.UnsupportedError, match="float32"):
+        kernels.conv2d(x, w)
+    with pytest.raises(jtile.UnsupportedError, match="float32"):
+        kernels.dense(x[0, 0], w[0, 0])
+    with pytest.raises(jtile.UnsupportedError, match="float32"):
+        kernels.max_pool2d(x, (2, 2), (2, 2))
+    reason = kernels.conv2d_support("smm", x_shape=x.shape, w_shape=w.shape, stride=(1, 1),
+                                    padding=((0, 0), (0, 0)), dilation=(1, 1), groups=1, dtype=dtype)
+    assert "float32" in reason
+
+
+def test_conv2d_support_explains_what_cannot_run():
+    geometry = dict(x_shape=(1, 4, 8, 8), w_shape=(6, 2, 3, 3), stride=(1, 1), dilation=(1, 1),
+                    dtype=jnp.float32)
+    assert kernels.conv2d_support("smm", padding=((1, 1), (1, 1)), groups=2, **geometry) is None
+    assert "groups" in kernels.conv2d_support("direct", padding=((0, 0), (0, 0)), groups=3, **geometry)
+    assert "negative padding" in kernels.conv2d_support("direct", padding=((-1, 0), (0, 0)), groups=2, **geometry)
+    with pytest.raises(jtile.ConfigError, match="unknown algorithm 'fft'"):
+        kernels.conv2d_support("fft", padding=((0, 0), (0, 0)), groups=2, **geometry)
+    with pytest.raises(jtile.UnsupportedError, match="cannot run this layer"):
+        kernels.conv2d(jnp.ones((1, 4, 8, 8)), jnp.ones((6, 2, 3, 3)), groups=3)
+
+
+def test_bad_arguments_raise_config_error():
+    x = jnp.ones((1, 2, 5, 5))
+    with pytest.raises(jtile.ConfigError, match="unknown activation 'gelu'"):
+        kernels.conv2d(x, jnp.ones((3, 2, 3, 3)), activation="gelu")
+    with pytest.raises(jtile.ConfigError, match="do not chain"):
+        kernels.dense(jnp.ones((2, 3)), jnp.ones((4, 5)))
+    with pytest.raises(jtile.ConfigError, match="does not fit"):
+        kernels.max_pool2d(x, (7, 7), (1, 1))
+
+
+def test_missing_library_imports_and_explains_how_to_build():
+    script = (
+        "import jax.numpy as jnp, jtile\n"
+        "from jtile import kernels\n"
+        "try:\n"
+        "    kernels.dense(jnp.ones((1, 2)), jnp.ones((2, 2)))\n"
+        "except jtile.UnsupportedError as e:\n"
+        "    print(e)\n"
+    )
+    env = dict(os.environ, JTILE_KERNELS_LIB="/nonexistent/libjtile_kernels.so", JAX_PLATFORMS="cpu")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True,
+                         text=True, check=True).stdout
+    assert "not built" in out and "pip install ." in out
