@@ -33,6 +33,12 @@ class Layer:
     batch_groups: int | None = None
 
     @property
+    def label(self) -> str:
+        """How errors name the layer: `conv2d #3 'layer1.0.conv1'`."""
+        name = f" '{self.name}'" if self.name else ""
+        return f"{self.kind} #{self.index}{name}"
+
+    @property
     def weight_shape(self) -> tuple[int, ...] | None:
         return self.in_shapes[1] if len(self.in_shapes) > 1 else None
 

@@ -43,7 +43,7 @@ def _spatial_index(axis, layer: Layer, out_spec: tuple[int, ...]) -> int:
         position = _AXIS_NAMES[axis] + len(spatial_dims)
         if position < 0:
             raise ConfigError(
-                f"tile_conv: {_label(layer)} has {len(spatial_dims)} spatial dim(s), so it "
+                f"tile_conv: {layer.label} has {len(spatial_dims)} spatial dim(s), so it "
                 f"has no axis {axis!r}; use one of {list(_AXIS_NAMES)[: len(spatial_dims)]}"
             )
         return position
@@ -51,15 +51,10 @@ def _spatial_index(axis, layer: Layer, out_spec: tuple[int, ...]) -> int:
     index = axis + rank if -rank <= axis < 0 else axis
     if index not in spatial_dims:
         raise ConfigError(
-            f"tile_conv: axis {axis} is not a spatial dimension of {_label(layer)} (output "
+            f"tile_conv: axis {axis} is not a spatial dimension of {layer.label} (output "
             f"shape {layer.out_shape}); its spatial output axes are {spatial_dims}"
         )
     return spatial_dims.index(index)
-
-
-def _label(layer: Layer) -> str:
-    name = f" '{layer.name}'" if layer.name else ""
-    return f"{layer.kind} #{layer.index}{name}"
 
 
 def _tile_one_conv(eqn, lhs, rhs, *, spatial: int, tiles: int, layer: Layer):
@@ -68,7 +63,7 @@ def _tile_one_conv(eqn, lhs, rhs, *, spatial: int, tiles: int, layer: Layer):
     extent = layer.out_shape[out_axis]
     if tiles > extent:
         raise ConfigError(
-            f"tile_conv: {_label(layer)} has {extent} output rows along axis {out_axis}, "
+            f"tile_conv: {layer.label} has {extent} output rows along axis {out_axis}, "
             f"cannot make {tiles} tiles; use tiles <= {extent} or exclude it with select="
         )
     sliding = _regions.conv_axis(eqn, spatial)
@@ -94,7 +89,7 @@ def _conv_rules(axis, tiles: int, select: Callable[[Layer], bool] | None):
             if select is None:
                 return bind(eqn, lhs, rhs)[0]
             raise UnsupportedError(
-                f"tile_conv: {_label(layer)} has lhs_dilation {layer.lhs_dilation} and "
+                f"tile_conv: {layer.label} has lhs_dilation {layer.lhs_dilation} and "
                 f"batch_group_count {layer.batch_groups}; only lhs_dilation 1 and "
                 "batch_group_count 1 can be tiled. Leave it out of select="
             )

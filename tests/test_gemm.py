@@ -235,3 +235,19 @@ def test_ffi_kernel_runs_every_tile(tree_allclose):
     x, w = _normal(2, 5, 9, seed=2), _normal(2, 9, 6, seed=3)
     batched = split_gemm(jnp.matmul, max_m=4, max_k=4, max_n=4, kernel="ffi")
     assert tree_allclose(jax.jit(batched)(x, w), x @ w, rtol=1e-5, atol=1e-4)
+
+
+def test_summary_shows_tile_count_per_layer(getkey):
+    w1, w2 = jax.random.normal(getkey(), (100, 70)), jax.random.normal(getkey(), (70, 10))
+
+    def mlp(x):
+        with jax.named_scope("fc1"):
+            h = jax.nn.relu(x @ w1)
+        with jax.named_scope("fc2"):
+            return h @ w2
+
+    x = jax.ShapeDtypeStruct((5, 100), jnp.float32)
+    report = jtile.summary(jtile.split_gemm(mlp, max_m=4, max_k=32, max_n=32), x)
+    # ceil(5/4) * ceil(100/32) * ceil(70/32) and ceil(5/4) * ceil(70/32) * ceil(10/32)
+    assert report.gemm_tiles == {"fc1": 2 * 4 * 3, "fc2": 2 * 3 * 1}
+    assert "GEMM tiles per layer (split_gemm): fc1 24, fc2 6" in report.table()

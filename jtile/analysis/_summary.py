@@ -28,6 +28,7 @@ import numpy as np
 from .._errors import require_positive_int
 from .._layers import Layer
 from ._graph import Graph, trace_graph
+from ..gemm import tiles_per_layer
 from ._macs import CATEGORIES
 from ._rows import Row, group
 
@@ -77,6 +78,7 @@ class Summary:
     bandwidth_bytes: int
     uncounted: tuple[str, ...]
     untransformed_macs: int | None = None
+    gemm_tiles: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def non_trainable_params(self) -> int:
@@ -195,6 +197,7 @@ def summary(fn: Callable, *args, depth: int | None = None, **kwargs) -> Summary:
         bandwidth_bytes=sum(t for t, _ in traffic),
         uncounted=tuple(sorted({p for op in graph.ops for p in op.uncounted})),
         untransformed_macs=None if base is None else _total_macs(base, args, kwargs),
+        gemm_tiles=tiles_per_layer(graph.closed),
     )
 
 
@@ -259,6 +262,9 @@ def _render(s: Summary) -> str:
         f"Total activation bandwidth (MB): {_mb(s.bandwidth_bytes)}",
         f"Peak layer bandwidth (MB): {_mb(s.peak_bandwidth_bytes)} ({s.peak_bandwidth_layer})",
     ]
+    if s.gemm_tiles:
+        tiles = ", ".join(f"{layer or '<top level>'} {n}" for layer, n in s.gemm_tiles.items())
+        lines.append(f"GEMM tiles per layer (split_gemm): {tiles}")
     if s.uncounted:
         lines.append(f"Not counted (no MAC rule): {', '.join(s.uncounted)}")
     lines.append(rule)

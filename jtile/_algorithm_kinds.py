@@ -1,0 +1,411 @@
+"""The layer kinds `swap_backend` knows: how to spot them, run them, and pick for them.
+
+For each kind: a layer describer for its primitive (registered with
+`jtile._layers`), per-algorithm `support(eqn, layer)` (why a kernel cannot
+serve a layer, or `None`) and `run(eqn, *invals)` (the kernel call,
+transposing to the kernels' NCHW / OIHW / (K, N) layout only when the equation
+uses another), and the `"auto"` cost model.
+
+`"auto"` is a calibrated rule set, not a timing run: it swaps only where a
+kernel was measured to beat XLA on that class of layer on a 2-core AVX-512
+machine, and keeps XLA everywhere else, including every non-float32 layer.
+
+!!! warning
+
+    Average pooling is recognised only as a `reduce_window_sum` whose one use is
+    a division by the window size (`x_sum / 9`, as `lax.reduce_window` users
+    write it); other forms stay with XLA.
+"""
+
+import math
+
+import jax.extend.core as jcore
+import jax.numpy as jnp
+import numpy as np
+
+from ._errors import ConfigError
+from ._fused import activate
+from ._layers import Layer, register_describer, scope_name
+
+_F32 = np.dtype(np.float32)
+
+
+def _kernels():
+    from . import kernels
+
+    return kernels
+
+
+def _fields(eqn) -> dict:
+    return dict(
+        name=scope_name(eqn),
+        primitive=eqn.primitive.name,
+        in_shapes=tuple(tuple(v.aval.shape) for v in eqn.invars),
+        out_shape=tuple(eqn.outvars[0].aval.shape),
+        dtype=np.dtype(eqn.outvars[0].aval.dtype),
+    )
+
+
+def _dtype_reason(eqn) -> str | None:
+    dtypes = {np.dtype(v.aval.dtype) for v in (*eqn.invars, *eqn.outvars)}
+    if dtypes != {_F32}:
+        names = ", ".join(sorted(str(d) for d in dtypes))
+        return f"the kernels compute in float32 only, this layer uses {names}"
+    return None
+
+
+def _reorder(x, spec):
+    """`x` with its axes in the order `spec` lists them, transposing only if needed."""
+    return x if tuple(spec) == tuple(range(len(spec))) else jnp.transpose(x, spec)
+
+
+def _restore(y, spec):
+    """Inverse of `_reorder`."""
+    return y if tuple(spec) == tuple(range(len(spec))) else jnp.transpose(y, np.argsort(spec))
+
+
+def _shape_in(shape, spec) -> tuple[int, ...]:
+    return tuple(shape[d] for d in spec)
+
+
+# ---------------------------------------------------------------- conv2d
+
+
+def _conv_geometry(eqn) -> dict:
+    p = eqn.params
+    lhs_spec, rhs_spec, _ = p["dimension_numbers"]
+    return dict(
+        x_shape=_shape_in(eqn.invars[0].aval.shape, lhs_spec),
+        w_shape=_shape_in(eqn.invars[1].aval.shape, rhs_spec),
+        stride=tuple(p["window_strides"]),
+        padding=tuple(tuple(pad) for pad in p["padding"]),
+        dilation=tuple(p["rhs_dilation"]),
+        groups=p["feature_group_count"],
+    )
+
+
+def _conv_support(name: str):
+    def support(eqn, layer: Layer) -> str | None:
+        if any(d != 1 for d in layer.lhs_dilation) or layer.batch_groups != 1:
+            return (
+                f"lhs_dilation {layer.lhs_dilation} and batch_group_count {layer.batch_groups} "
+                "(transposed or batch-grouped convolution) have no kernel"
+            )
+        try:
+            return _dtype_reason(eqn) or _kernels().conv2d_support(
+                name, **_conv_geometry(eqn), dtype=layer.dtype
+            )
+        except ConfigError:
+            return f"this build of jtile has no {name!r} conv kernel"
+
+    return support
+
+
+def _conv_run(name: str):
+    def run(eqn, x, w, *bias, producers):
+        lhs_spec, rhs_spec, out_spec = eqn.params["dimension_numbers"]
+        geometry = _conv_geometry(eqn)
+        del geometry["x_shape"], geometry["w_shape"]
+
+        def conv(b, epilogue):
+            y = _kernels().conv2d(
+                _reorder(x, lhs_spec), _reorder(w, rhs_spec), b, algorithm=name, **geometry, **epilogue
+            )
+            return _restore(y, out_spec)
+
+        return _with_epilogue(eqn, conv, bias, out_axis=out_spec[1])
+
+    return run
+
+
+def _with_epilogue(eqn, kernel, bias, out_axis: int):
+    """`kernel(b, epilogue)` with a fused equation's bias and activation folded in
+    when the bias is per output channel, else applied after the kernel in jnp."""
+    if not bias:
+        return kernel(None, {})
+    (bias,) = bias
+    activation = eqn.params["activation"]
+    out_shape = eqn.outvars[0].aval.shape
+    channels = out_shape[out_axis]
+    if bias.ndim == 0 or (bias.ndim == len(out_shape) and _per_channel(bias, out_axis, channels)):
+        b = jnp.broadcast_to(bias.reshape(-1), (channels,))
+        return kernel(b, _ACTIVATIONS[activation[:1]](*activation[1:]))
+    return activate(kernel(None, {}) + bias, activation)
+
+
+def _per_channel(bias, axis: int, channels: int) -> bool:
+    others = [n for d, n in enumerate(bias.shape) if d != axis]
+    return all(n == 1 for n in others) and bias.shape[axis] in (1, channels)
+
+
+_ACTIVATIONS = {
+    (): lambda: {},
+    ("relu",): lambda: {"activation": "relu"},
+    ("clip",): lambda lo, hi: {"activation": "clip", "clip": (lo, hi)},
+    ("leaky_relu",): lambda alpha: {"activation": "leaky_relu", "alpha": alpha},
+}
+
+
+def _is_depthwise(layer: Layer) -> bool:
+    return layer.groups > 1 and layer.groups == layer.in_channels
+
+
+def _conv_preference(eqn, layer: Layer) -> tuple[str, ...]:
+    """Kernels measured faster than XLA for this class of conv, best first.
+
+    Measured at batch 1 and 8 on the zoo's layers, against XLA with weights as
+    arguments and as folded constants: depthwise ~20-100x (XLA runs grouped
+    convs channel by channel); im2col + GEMM on image stems (<= 4 input
+    channels) ~1.3-5x; Winograd on 3x3 stride 1 ~1.5-6x and im2col + GEMM on
+    1x1 ~1.3-4x while the output is at least 14x14 (below, Winograd's 4x4
+    tiles are mostly padding and XLA's GEMM on constant weights ties). XLA wins
+    or ties on other strided and large-window convs and on convs with fewer
+    than 16 channels, so those stay.
+    """
+    if _is_depthwise(layer):
+        return ("depthwise", "direct")
+    if layer.groups != 1 or any(d != 1 for d in layer.dilation):
+        return ()
+    if layer.in_channels <= 4:
+        return ("smm",)
+    out_spec = eqn.params["dimension_numbers"][2]
+    if min(layer.in_channels, layer.out_channels) < 16 or min(layer.out_shape[d] for d in out_spec[2:]) < 14:
+        return ()
+    if layer.kernel_size == (1, 1):
+        return ("smm",)
+    return ("winograd",) if layer.kernel_size == (3, 3) and layer.stride == (1, 1) else ()
+
+
+def _auto_conv(eqn, layer: Layer, producers) -> str:
+    for name in _conv_preference(eqn, layer):
+        if _conv_support(name)(eqn, layer) is None:
+            return name
+    return "default"
+
+
+# ---------------------------------------------------------------- dense
+
+
+def _dense_dims(eqn) -> int | None:
+    """The contracting axis of the weight if `eqn` is `x @ w` with a 2-D weight, else None."""
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    x, w = (v.aval for v in eqn.invars[:2])
+    if lb or rb or w.ndim != 2 or tuple(lc) != (x.ndim - 1,) or len(rc) != 1:
+        return None
+    return rc[0]
+
+
+def _describe_dot(eqn) -> Layer:
+    w_contract = _dense_dims(eqn)
+    shapes = [tuple(v.aval.shape) for v in eqn.invars]
+    if w_contract is None:
+        return Layer(kind="matmul", **_fields(eqn))
+    return Layer(
+        kind="dense",
+        **_fields(eqn),
+        in_channels=shapes[1][w_contract],
+        out_channels=shapes[1][1 - w_contract],
+    )
+
+
+def _dense_support(eqn, layer: Layer) -> str | None:
+    if _dense_dims(eqn) is None:
+        return (
+            "the kernel computes x @ w with a 2-D weight contracted against the last axis of x; "
+            f"this product has dimension numbers {eqn.params['dimension_numbers']}"
+        )
+    preferred = eqn.params.get("preferred_element_type")
+    if preferred is not None and np.dtype(preferred) != _F32:
+        return f"preferred_element_type {preferred} is not float32"
+    return _dtype_reason(eqn) or _kernels().kernel_unavailable("jtile_dense")
+
+
+def _dense_run(eqn, x, w, *bias, producers):
+    transpose_w = _dense_dims(eqn) == 1
+    if not transpose_w and _is_matrix_transpose(producers.get(eqn.invars[1])):
+        # x @ w.T: hand the kernel w itself; XLA cancels the two transposes.
+        w, transpose_w = w.T, True
+    rows = x.reshape(-1, x.shape[-1])
+    n = w.shape[0] if transpose_w else w.shape[1]
+
+    def dense(b, epilogue):
+        y = _kernels().dense(rows, w, b, transpose_w=transpose_w, **epilogue)
+        return y.reshape(*x.shape[:-1], n)
+
+    return _with_epilogue(eqn, dense, bias, out_axis=x.ndim - 1)
+
+
+def _is_matrix_transpose(eqn) -> bool:
+    return eqn is not None and eqn.primitive.name == "transpose" and eqn.params["permutation"] == (1, 0)
+
+
+def _auto_dense(eqn, layer: Layer, producers) -> str:
+    """The kernel for few rows, where XLA's matrix-vector product is slow (and
+    slower still when the weight reaches it through a transpose, `x @ w.T`)."""
+    rows = math.prod(layer.in_shapes[0][:-1])
+    if rows < _GEMV_MAX_ROWS and _dense_support(eqn, layer) is None:
+        return "gemm"
+    return "default"
+
+
+# The kernel streams the weight once for fewer rows than this (its GEMV path);
+# from here on XLA's GEMM is as fast.
+_GEMV_MAX_ROWS = 8
+
+
+# ---------------------------------------------------------------- pooling
+
+
+def _pool_axes(eqn) -> tuple[int, int] | None:
+    """The two spatial axes of a 4-D `reduce_window`: (2, 3) for NCHW, (1, 2) for NHWC."""
+    p = eqn.params
+    if eqn.invars[0].aval.ndim != 4:
+        return None
+    pooled = {
+        d
+        for d in range(4)
+        if p["window_dimensions"][d] != 1 or p["window_strides"][d] != 1 or p["padding"][d] != (0, 0)
+    }
+    for axes in ((2, 3), (1, 2)):
+        if pooled <= set(axes):
+            return axes
+    return None
+
+
+def _pool_window(eqn) -> dict:
+    """Window, stride, padding and dilation of a 2-D pool along its spatial axes."""
+    p, axes = eqn.params, _pool_axes(eqn)
+    return dict(
+        kernel_size=tuple(p["window_dimensions"][a] for a in axes),
+        stride=tuple(p["window_strides"][a] for a in axes),
+        padding=tuple(tuple(p["padding"][a]) for a in axes),
+        dilation=tuple(p["window_dilation"][a] for a in axes),
+        lhs_dilation=tuple(p["base_dilation"][a] for a in axes),
+    )
+
+
+def _describe_pool(kind: str):
+    def describe(eqn) -> Layer:
+        axes = _pool_axes(eqn)
+        if axes is None:
+            return Layer(kind=f"reduce_window_{kind}", **_fields(eqn))
+        channels = eqn.invars[0].aval.shape[1 if axes == (2, 3) else 3]
+        return Layer(
+            kind=f"{kind}pool2d", **_fields(eqn), in_channels=channels, out_channels=channels,
+            **_pool_window(eqn),
+        )
+
+    return describe
+
+
+def _pool_support(kernel: str):
+    def support(eqn, layer: Layer) -> str | None:
+        if any(d != 1 for d in eqn.params["base_dilation"]):
+            return f"base_dilation {eqn.params['base_dilation']} has no kernel"
+        if any(d != 1 for d in layer.dilation):
+            return f"window dilation {layer.dilation} has no kernel"
+        return _dtype_reason(eqn) or _kernels().kernel_unavailable(f"jtile_{kernel}")
+
+    return support
+
+
+def _pool_spec(eqn) -> tuple[int, ...]:
+    return (0, 1, 2, 3) if _pool_axes(eqn) == (2, 3) else (0, 3, 1, 2)
+
+
+def _pool_run(kernel: str):
+    def run(eqn, x, *, producers):
+        window, spec = _pool_window(eqn), _pool_spec(eqn)
+        pool = getattr(_kernels(), kernel)
+        y = pool(_reorder(x, spec), window["kernel_size"], window["stride"], window["padding"])
+        return _restore(y, spec)
+
+    return run
+
+
+def producers(jaxpr: jcore.Jaxpr) -> dict:
+    """`{var: the equation that produces it}` over `jaxpr` and its sub-jaxprs."""
+    return {v: eqn for inner in _all_jaxprs(jaxpr) for eqn in inner.eqns for v in eqn.outvars}
+
+
+def find_avg_pools(jaxpr: jcore.Jaxpr) -> dict[int, int]:
+    """`{id(reduce_window_sum eqn): id(div eqn)}` for every sum pool whose one use
+    divides it by its window size, in `jaxpr` and its sub-jaxprs."""
+    pairs = {}
+    for inner in _all_jaxprs(jaxpr):
+        uses: dict = {}
+        for eqn in inner.eqns:
+            for v in eqn.invars:
+                if isinstance(v, jcore.Var):
+                    uses.setdefault(v, []).append(eqn)
+        for v in inner.outvars:
+            if isinstance(v, jcore.Var):
+                uses.setdefault(v, []).append(None)
+        for eqn in inner.eqns:
+            if eqn.primitive.name != "reduce_window_sum" or _pool_axes(eqn) is None:
+                continue
+            consumers = uses.get(eqn.outvars[0], [])
+            window = math.prod(eqn.params["window_dimensions"])
+            if len(consumers) == 1 and _divides_by(consumers[0], eqn.outvars[0], window):
+                pairs[id(eqn)] = id(consumers[0])
+    return pairs
+
+
+def _divides_by(eqn, numerator, value: int) -> bool:
+    if eqn is None or eqn.primitive.name != "div" or eqn.invars[0] is not numerator:
+        return False
+    divisor = eqn.invars[1]
+    return isinstance(divisor, jcore.Literal) and np.ndim(divisor.val) == 0 and divisor.val == value
+
+
+def _all_jaxprs(jaxpr: jcore.Jaxpr):
+    yield jaxpr
+    for eqn in jaxpr.eqns:
+        for sub in jcore.jaxprs_in_params(eqn.params):
+            yield from _all_jaxprs(sub)
+
+
+def _auto_max_pool(eqn, layer: Layer, producers) -> str:
+    """The kernel on overlapping strided windows (ResNet / GoogLeNet 3x3 stride 2),
+    where it was measured ~1.5x faster; XLA elsewhere."""
+    overlapping = any(k > s > 1 for k, s in zip(layer.kernel_size, layer.stride))
+    if overlapping and _pool_support("max_pool2d")(eqn, layer) is None:
+        return "direct"
+    return "default"
+
+
+def _keep_xla(eqn, layer: Layer, producers) -> str:
+    """Average pools: the kernel was measured no faster than XLA."""
+    return "default"
+
+
+# ---------------------------------------------------------------- tables
+
+
+register_describer("dot_general", _describe_dot)
+register_describer("reduce_window_max", _describe_pool("max"))
+register_describer("reduce_window_sum", _describe_pool("sum"))
+
+CONV_ALGORITHMS = ("direct", "smm", "winograd", "depthwise")
+
+# (kind, name, support, run) for every kernel algorithm.
+ALGORITHMS = (
+    *(("conv2d", name, _conv_support(name), _conv_run(name)) for name in CONV_ALGORITHMS),
+    ("dense", "gemm", _dense_support, _dense_run),
+    *((f"{kind}pool2d", "direct", _pool_support(f"{kind}_pool2d"), _pool_run(f"{kind}_pool2d"))
+      for kind in ("max", "avg")),
+)
+
+AUTO = {
+    "conv2d": _auto_conv,
+    "dense": _auto_dense,
+    "maxpool2d": _auto_max_pool,
+    "avgpool2d": _keep_xla,
+}
+
+# The primitives whose equations a swap may replace (or drop: the avg-pool divide).
+PRIMITIVES = (
+    "conv_general_dilated", "conv_bias_act", "dot_general", "dense",
+    "reduce_window_max", "reduce_window_sum", "div",
+)
+

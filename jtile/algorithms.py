@@ -1,0 +1,258 @@
+"""Per-layer algorithm swapping, as ai3 does it.
+
+`swap_backend(fn, {"conv2d": selector, "dense": selector, ...})` replaces the
+layers of `fn` by jtile's C kernels (`jtile.kernels`), one algorithm per layer.
+A selector is a name for every layer of that kind, a list with one name per
+layer in program order, or a callable receiving a `jtile.Layer` and returning a
+name. `"default"` keeps XLA's own op; `"auto"` asks a cost model (see
+`jtile._algorithm_kinds`) and keeps XLA wherever no kernel is known to win or
+no kernel can serve the layer.
+
+The registry maps each layer kind to its algorithms: `algorithm_names(kind)`
+lists them, `register_algorithm` adds one.
+
+!!! warning
+
+    The choice is made once per traced signature, from shapes alone. Swapped
+    layers become `jax.ffi` calls that later transforms do not recognise as
+    convolutions: apply `tile_conv` and `fuse` first, `swap_backend` last.
+"""
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+
+import jax.extend.core as jcore
+
+from . import _algorithm_kinds as kinds
+from ._errors import ConfigError, UnsupportedError, reject_unknown
+from ._interpreter import bind, iter_eqns, transform
+from ._layers import Layer, describe
+
+Selector = str | Sequence[str] | Callable[[Layer], str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+    """One way to compute one kind of layer.
+
+    `support(eqn, layer)` returns why the algorithm cannot serve the layer, or
+    `None`; `run(eqn, *invals, producers=)` computes the layer's output from the
+    inputs of its jaxpr equation (`producers` maps each variable of the traced
+    jaxpr to the equation that made it).
+    """
+
+    kind: str
+    name: str
+    support: Callable[..., str | None]
+    run: Callable
+
+
+_REGISTRY: dict[str, dict[str, Algorithm]] = {}
+_AUTO: dict[str, Callable[..., str]] = {}
+
+
+def register_algorithm(algorithm: Algorithm) -> None:
+    """Add `algorithm` to the registry of its layer kind (replacing one of the same name)."""
+    _REGISTRY.setdefault(algorithm.kind, {})[algorithm.name] = algorithm
+
+
+def register_auto(kind: str, choose: Callable[..., str]) -> None:
+    """Set the cost model `"auto"` uses for `kind`: `choose(eqn, layer, producers)`
+    returns an algorithm name; `producers` maps each jaxpr variable to its equation."""
+    _AUTO[kind] = choose
+
+
+def layer_kinds() -> tuple[str, ...]:
+    """The layer kinds `swap_backend` can swap."""
+    return tuple(sorted(_REGISTRY))
+
+
+def algorithm_names(kind: str) -> tuple[str, ...]:
+    """Every name a selector for `kind` may return, `"default"` and `"auto"` included."""
+    return ("default", "auto", *sorted(_REGISTRY[kind]))
+
+
+for _algorithm in kinds.ALGORITHMS:
+    register_algorithm(Algorithm(*_algorithm))
+for _kind, _choose in kinds.AUTO.items():
+    register_auto(_kind, _choose)
+
+
+# ------------------------------------------------------------ selectors -> plan
+
+
+def _check_selectors(algorithms) -> dict[str, Selector]:
+    if algorithms is None:
+        algorithms = "auto"
+    if isinstance(algorithms, str):
+        algorithms = {kind: algorithms for kind in layer_kinds()}
+    if not isinstance(algorithms, Mapping):
+        raise ConfigError(
+            "swap_backend: algorithms must be a mapping {layer kind: selector} or a name for "
+            f"every kind ('auto', 'default'), got {algorithms!r}"
+        )
+    for kind, selector in algorithms.items():
+        if kind not in _REGISTRY:
+            raise ConfigError(
+                f"swap_backend: unknown layer kind {kind!r}; valid kinds are "
+                f"{', '.join(layer_kinds())}"
+            )
+        names = [selector] if isinstance(selector, str) else selector
+        if not callable(selector) and not (
+            isinstance(names, Sequence) and all(isinstance(n, str) for n in names)
+        ):
+            raise ConfigError(
+                f"swap_backend: the selector for {kind!r} must be a name, a list of names or a "
+                f"callable on jtile.Layer, got {selector!r}"
+            )
+        if not callable(selector):
+            for name in names:
+                _check_name(kind, name, where="")
+    return dict(algorithms)
+
+
+def _check_name(kind: str, name, where: str) -> None:
+    if not isinstance(name, str) or name not in algorithm_names(kind):
+        raise ConfigError(
+            f"swap_backend: unknown {kind} algorithm {name!r}{where}; valid names are "
+            f"{', '.join(algorithm_names(kind))}"
+        )
+
+
+def _select(selector: Selector, layer: Layer) -> str:
+    if isinstance(selector, str):
+        return selector
+    if callable(selector):
+        name = selector(layer)
+        _check_name(layer.kind, name, where=f" returned by the selector for {layer.label}")
+        return name
+    return selector[layer.index]
+
+
+def _check_lengths(selectors: dict[str, Selector], counts: dict[str, int]) -> None:
+    for kind, selector in selectors.items():
+        count = counts.get(kind, 0)
+        if not isinstance(selector, str) and not callable(selector) and len(selector) != count:
+            raise ConfigError(
+                f"swap_backend: the {kind} selector lists {len(selector)} algorithm(s) but the "
+                f"function has {count} {kind} layer(s); give exactly {count} names, one per "
+                f"{kind} layer in program order"
+            )
+
+
+def _resolve(name: str, eqn, layer: Layer, producers: dict) -> Algorithm | None:
+    """The algorithm to run for `layer`, `None` for XLA's own op; explicit misfits raise."""
+    if name == "auto":
+        name = _AUTO[layer.kind](eqn, layer, producers)
+    if name == "default":
+        return None
+    algorithm = _REGISTRY[layer.kind][name]
+    reason = algorithm.support(eqn, layer)
+    if reason is not None:
+        raise UnsupportedError(
+            f"swap_backend: algorithm {name!r} cannot compute {layer.label} (input "
+            f"{layer.in_shapes[0]}, output {layer.out_shape}): {reason}. Choose another "
+            "algorithm for this layer, or 'auto' / 'default'"
+        )
+    return algorithm
+
+
+@dataclasses.dataclass
+class _Plan:
+    """What to do with each equation of one traced function, keyed by `id(eqn)`."""
+
+    swaps: dict[int, Algorithm]
+    dropped: set[int]
+    producers: dict
+
+
+def _find_layers(jaxpr: jcore.Jaxpr, kinds_wanted):
+    """Every layer of a wanted kind in program order, the count per kind, the avg pools."""
+    avg_pools = kinds.find_avg_pools(jaxpr)
+    counts: dict[str, int] = {}
+    found = []
+    for eqn in iter_eqns(jaxpr):
+        layer = describe(eqn)
+        if layer is not None and id(eqn) in avg_pools:
+            layer = dataclasses.replace(layer, kind="avgpool2d")
+        if layer is None or layer.kind not in kinds_wanted:
+            continue
+        index = counts.get(layer.kind, 0)
+        counts[layer.kind] = index + 1
+        found.append((eqn, dataclasses.replace(layer, index=index)))
+    return found, counts, avg_pools
+
+
+def _plan(closed: jcore.ClosedJaxpr, selectors: dict[str, Selector]) -> _Plan:
+    found, counts, avg_pools = _find_layers(closed.jaxpr, selectors)
+    _check_lengths(selectors, counts)
+    plan = _Plan({}, set(), kinds.producers(closed.jaxpr))
+    for eqn, layer in found:
+        algorithm = _resolve(_select(selectors[layer.kind], layer), eqn, layer, plan.producers)
+        if algorithm is not None:
+            plan.swaps[id(eqn)] = algorithm
+            if layer.kind == "avgpool2d":
+                plan.dropped.add(avg_pools[id(eqn)])
+    return plan
+
+
+def _rules(plan: _Plan) -> dict:
+    def swap(eqn, *invals):
+        if id(eqn) in plan.dropped:
+            return invals[0]
+        if id(eqn) not in plan.swaps:
+            out = bind(eqn, *invals)
+            return out if eqn.primitive.multiple_results else out[0]
+        return plan.swaps[id(eqn)].run(eqn, *invals, producers=plan.producers)
+
+    return {name: swap for name in kinds.PRIMITIVES}
+
+
+# ------------------------------------------------------------------ fn -> fn
+
+
+def swap_backend(
+    fn: Callable | None = None,
+    algorithms: Mapping[str, Selector] | str | None = None,
+    **unknown,
+) -> Callable:
+    """Run the layers of `fn` with the algorithms `algorithms` selects.
+
+    **Arguments:**
+
+    - `fn`: the function to transform. Omit it (or pass the mapping first) to use
+        `swap_backend` as a decorator.
+    - `algorithms`: `{layer kind: selector}` for the kinds `layer_kinds()` lists
+        (`"conv2d"`, `"dense"`, `"maxpool2d"`, `"avgpool2d"`); kinds left out keep
+        XLA. A single name (`"auto"`, `"default"`) applies to every kind; the default
+        is `"auto"`.
+
+    **Returns:** a function with `fn`'s signature and outputs.
+
+    **Raises:** `ConfigError` for an unknown kind or algorithm name or a list of
+    the wrong length; `UnsupportedError` when a layer is explicitly given an
+    algorithm that cannot compute it (non-float32 dtypes included). `"auto"`
+    never raises for a layer: it keeps XLA.
+    """
+    reject_unknown("swap_backend", unknown, ("fn", "algorithms"))
+    if isinstance(fn, (Mapping, str)) and algorithms is None:
+        fn, algorithms = None, fn
+    selectors = _check_selectors(algorithms)
+    if fn is None:
+        return lambda f: swap_backend(f, selectors)
+    plans: dict[int, tuple[jcore.ClosedJaxpr, _Plan]] = {}
+
+    def make_rules(closed: jcore.ClosedJaxpr) -> dict:
+        if id(closed) not in plans or plans[id(closed)][0] is not closed:
+            plans[id(closed)] = (closed, _plan(closed, selectors))
+        return _rules(plans[id(closed)][1])
+
+    return transform(fn, "swap_backend", make_rules)
+
+
+def swap_conv2d(fn: Callable | None = None, selector: Selector | None = None, **unknown) -> Callable:
+    """`swap_backend(fn, {"conv2d": selector})`; as a decorator, `@swap_conv2d(selector=...)`."""
+    reject_unknown("swap_conv2d", unknown, ("fn", "selector"))
+    if selector is None:
+        raise ConfigError("swap_conv2d: selector= is required, e.g. swap_conv2d(fn, 'winograd')")
+    return swap_backend(fn, {"conv2d": selector})

@@ -1,0 +1,287 @@
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jtile
+import jtile.onnx
+from jtile.algorithms import algorithm_names, layer_kinds, swap_backend, swap_conv2d
+from jtile.fusion import fuse
+
+RTOL, ATOL = 2e-4, 2e-4
+NCHW = ("NCHW", "OIHW", "NCHW")
+
+
+def _conv(x, w, stride=1, padding=1, groups=1, dn=NCHW):
+    pads = ((padding, padding), (padding, padding))
+    return lax.conv_general_dilated(
+        x, w, (stride, stride), pads, dimension_numbers=dn, feature_group_count=groups
+    )
+
+
+def _convnet(p, x):
+    """conv 3x3 -> relu -> depthwise 3x3 -> conv 1x1 (stride 2) -> max pool -> avg pool -> fc."""
+    with jax.named_scope("stem"):
+        y = jax.nn.relu(_conv(x, p["w1"]) + p["b1"][:, None, None])
+    with jax.named_scope("dw"):
+        y = jax.nn.relu(_conv(y, p["w2"], groups=16))
+    with jax.named_scope("pw"):
+        y = _conv(y, p["w3"], stride=2, padding=0)
+    y = lax.reduce_window(y, -jnp.inf, lax.max, (1, 1, 3, 3), (1, 1, 2, 2), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    y = lax.reduce_window(y, 0.0, lax.add, (1, 1, 2, 2), (1, 1, 2, 2), "VALID") / 4
+    return y.reshape(y.shape[0], -1) @ p["fc"]
+
+
+@pytest.fixture
+def convnet(getkey):
+    def normal(shape, scale=0.3):
+        return scale * jax.random.normal(getkey(), shape)
+
+    params = {
+        "w1": normal((16, 3, 3, 3)),
+        "b1": normal((16,)),
+        "w2": normal((16, 1, 3, 3)),
+        "w3": normal((24, 16, 1, 1)),
+        "fc": normal((24 * 2 * 2, 10)),
+    }
+    return params, normal((2, 3, 16, 16), 1.0)
+
+
+def _ffi_calls(fn, *args) -> int:
+    jaxpr = jax.make_jaxpr(fn)(*args)
+    return str(jaxpr).count("ffi_call")
+
+
+def _kinds_all(name):
+    return {kind: name for kind in ("conv2d", "maxpool2d", "avgpool2d")}
+
+
+@pytest.mark.parametrize("conv", ["direct", "smm"])
+def test_string_selector_swaps_every_layer_and_matches_xla(convnet, tree_allclose, conv):
+    params, x = convnet
+    swapped = swap_backend(_convnet, {**_kinds_all("direct"), "conv2d": conv, "dense": "gemm"})
+    assert _ffi_calls(swapped, params, x) == 6
+    assert tree_allclose(jax.jit(swapped)(params, x), _convnet(params, x), rtol=RTOL, atol=ATOL)
+
+
+def test_list_selector_is_one_name_per_layer_in_program_order(convnet, tree_allclose):
+    params, x = convnet
+    swapped = swap_backend(_convnet, {"conv2d": ["default", "depthwise", "default"]})
+    jaxpr = jax.make_jaxpr(swapped)(params, x)
+    assert str(jaxpr).count("ffi_call") == 1
+    assert str(jaxpr).count("conv_general_dilated") == 2
+    assert tree_allclose(swapped(params, x), _convnet(params, x), rtol=RTOL, atol=ATOL)
+
+
+def test_callable_selector_sees_each_layer(convnet, tree_allclose):
+    params, x = convnet
+    seen = []
+
+    def pick(layer: jtile.Layer) -> str:
+        seen.append((layer.index, layer.name, layer.groups, layer.stride, layer.kernel_size))
+        return "depthwise" if layer.groups > 1 else "direct"
+
+    swapped = swap_conv2d(_convnet, pick)
+    assert tree_allclose(swapped(params, x), _convnet(params, x), rtol=RTOL, atol=ATOL)
+    assert seen == [
+        (0, "stem", 1, (1, 1), (3, 3)),
+        (1, "dw", 16, (1, 1), (3, 3)),
+        (2, "pw", 1, (2, 2), (1, 1)),
+    ]
+
+
+def test_list_of_wrong_length_names_the_expected_count(convnet):
+    params, x = convnet
+    with pytest.raises(jtile.ConfigError, match="lists 2 algorithm.*has 3 conv2d layer.*exactly 3"):
+        swap_backend(_convnet, {"conv2d": ["direct", "direct"]})(params, x)
+
+
+def test_explicit_unsupported_algorithm_names_layer_and_reason(convnet):
+    params, x = convnet
+    with pytest.raises(jtile.UnsupportedError, match=r"'winograd'.*conv2d #2 'pw'.*stride \(2, 2\)"):
+        swap_backend(_convnet, {"conv2d": ["default", "default", "winograd"]})(params, x)
+
+
+def test_unknown_names_list_the_valid_ones(convnet):
+    params, x = convnet
+    with pytest.raises(jtile.ConfigError, match="unknown layer kind 'conv9d'; valid kinds are avgpool2d, conv2d"):
+        swap_backend(_convnet, {"conv9d": "direct"})
+    with pytest.raises(jtile.ConfigError, match="unknown conv2d algorithm 'fft'.*winograd"):
+        swap_conv2d(_convnet, "fft")
+    with pytest.raises(jtile.ConfigError, match="'bogus' returned by the selector for conv2d #0 'stem'"):
+        swap_conv2d(_convnet, lambda layer: "bogus")(params, x)
+    with pytest.raises(jtile.ConfigError, match="unknown keyword.*algorithm"):
+        swap_backend(_convnet, algorithm="direct")
+    assert set(layer_kinds()) == {"conv2d", "dense", "maxpool2d", "avgpool2d"}
+    assert algorithm_names("dense") == ("default", "auto", "gemm")
+
+
+def test_auto_swaps_where_a_kernel_wins_and_keeps_xla_elsewhere(getkey, tree_allclose):
+    x = jax.random.normal(getkey(), (1, 32, 16, 16))
+    weights = [jax.random.normal(getkey(), s) * 0.1 for s in [(32, 32, 3, 3), (32, 1, 3, 3), (32, 32, 3, 3)]]
+
+    def net(x, w):
+        y = _conv(x, w[0])  # 3x3 stride 1, 16x16 out: winograd
+        y = _conv(y, w[1], groups=32)  # depthwise
+        return _conv(y, w[2], stride=2)  # strided 3x3: XLA
+
+    chosen = []
+    swapped = swap_backend(net, "auto")
+    assert tree_allclose(swapped(x, weights), net(x, weights), rtol=RTOL, atol=ATOL)
+    jaxpr = str(jax.make_jaxpr(swapped)(x, weights))
+    assert jaxpr.count("ffi_call") == 2 and jaxpr.count("conv_general_dilated") == 1
+    assert "jtile_conv_winograd" in jaxpr and "jtile_conv_depthwise" in jaxpr
+    swap_conv2d(net, lambda layer: chosen.append(layer.index) or "auto")(x, weights)
+    assert chosen == [0, 1, 2]
+
+
+def test_non_float32_falls_back_with_auto_and_raises_when_explicit(getkey):
+    x = jax.random.normal(getkey(), (1, 32, 16, 16), jnp.bfloat16)
+    w = jax.random.normal(getkey(), (32, 32, 3, 3), jnp.bfloat16)
+    swapped = swap_backend(_conv, "auto")
+    assert _ffi_calls(swapped, x, w) == 0
+    assert np.array_equal(np.asarray(swapped(x, w)), np.asarray(_conv(x, w)))
+    with pytest.raises(jtile.UnsupportedError, match="conv2d #0.*float32 only"):
+        swap_conv2d(_conv, "direct")(x, w)
+
+
+def test_transposed_conv_falls_back_with_auto(getkey):
+    x, w = jax.random.normal(getkey(), (1, 16, 6, 6)), jax.random.normal(getkey(), (16, 16, 3, 3))
+
+    def transposed(x, w):
+        return lax.conv_transpose(x, w, (2, 2), "SAME", dimension_numbers=("NCHW", "OIHW", "NCHW"))
+
+    assert _ffi_calls(swap_backend(transposed, "auto"), x, w) == 0
+    with pytest.raises(jtile.UnsupportedError, match="lhs_dilation"):
+        swap_conv2d(transposed, "direct")(x, w)
+
+
+@pytest.mark.parametrize("dn", [("NHWC", "HWIO", "NHWC"), ("NCHW", "HWIO", "NHWC"), ("NHWC", "OIHW", "NCHW")])
+def test_any_dimension_numbers(getkey, tree_allclose, dn):
+    x = jax.random.normal(getkey(), (2, 16, 10, 10))
+    w = jax.random.normal(getkey(), (24, 16, 3, 3)) * 0.1
+    x = x if dn[0] == "NCHW" else x.transpose(0, 2, 3, 1)
+    w = w if dn[1] == "OIHW" else w.transpose(2, 3, 1, 0)
+
+    def f(x, w):
+        return _conv(x, w, dn=dn)
+
+    swapped = swap_conv2d(f, "winograd")
+    assert _ffi_calls(swapped, x, w) == 1
+    assert tree_allclose(swapped(x, w), f(x, w), rtol=RTOL, atol=ATOL)
+
+
+def test_channels_last_pools_from_equinox(getkey, tree_allclose):
+    x = jax.random.normal(getkey(), (8, 9, 9))
+    maxpool, avgpool = eqx.nn.MaxPool2d(3, 2, padding=1), eqx.nn.AvgPool2d(2, 2)
+
+    def f(x):
+        return maxpool(x), avgpool(x)
+
+    swapped = swap_backend(f, {"maxpool2d": "direct", "avgpool2d": "default"})
+    assert _ffi_calls(swapped, x) == 1
+    assert tree_allclose(swapped(x), f(x), rtol=RTOL, atol=ATOL)
+
+
+def test_dense_weight_layouts_and_batched_rows(getkey, tree_allclose):
+    x = jax.random.normal(getkey(), (2, 3, 40))
+    w = jax.random.normal(getkey(), (40, 7))
+    for f, weight in [(lambda x, w: x @ w, w), (lambda x, w: x @ w.T, w.T)]:
+        swapped = swap_backend(f, {"dense": "gemm"})
+        assert _ffi_calls(swapped, x, weight) == 1
+        assert tree_allclose(swapped(x, weight), f(x, weight), rtol=RTOL, atol=ATOL)
+    batched = swap_backend(lambda a, b: jnp.einsum("bij,bjk->bik", a, b), {"dense": "gemm"})
+    assert _ffi_calls(batched, x, x.transpose(0, 2, 1)) == 0
+
+
+def test_sum_pool_without_the_divide_is_not_an_avg_pool(getkey, tree_allclose):
+    x = jax.random.normal(getkey(), (1, 4, 8, 8))
+
+    def sum_pool(x):
+        return lax.reduce_window(x, 0.0, lax.add, (1, 1, 2, 2), (1, 1, 2, 2), "VALID") / 3
+
+    assert _ffi_calls(swap_backend(sum_pool, {"avgpool2d": "direct"}), x) == 0
+    with pytest.raises(jtile.ConfigError, match="lists 1 algorithm.*has 0 avgpool2d"):
+        swap_backend(sum_pool, {"avgpool2d": ["direct"]})(x)
+
+
+def test_fused_conv_bias_act_is_one_kernel_call(convnet, tree_allclose):
+    params, x = convnet
+    fused = fuse(_convnet)
+    swapped = swap_backend(fused, {"conv2d": "direct"})
+    jaxpr = jax.make_jaxpr(swapped)(params, x)
+    assert str(jax.make_jaxpr(fused)(params, x)).count("conv_bias_act") >= 1
+    assert "conv_bias_act" not in str(jaxpr) and "max(" not in str(jaxpr)
+    assert str(jaxpr).count("ffi_call") == 3
+    assert tree_allclose(jax.jit(swapped)(params, x), _convnet(params, x), rtol=RTOL, atol=ATOL)
+
+
+def test_grad_through_swapped_function(convnet, tree_allclose):
+    params, x = convnet
+    swapped = swap_backend(_convnet, {**_kinds_all("direct"), "dense": "gemm"})
+
+    def loss(fn):
+        return lambda p: jnp.sum(fn(p, x) ** 2)
+
+    assert tree_allclose(jax.grad(loss(swapped))(params), jax.grad(loss(_convnet))(params), rtol=1e-3, atol=1e-4)
+
+
+def test_decorator_forms_and_composition_with_jit_and_tiling(convnet, tree_allclose):
+    params, x = convnet
+    expected = _convnet(params, x)
+
+    @swap_backend({"conv2d": "direct"})
+    def decorated(p, x):
+        return _convnet(p, x)
+
+    @swap_conv2d(selector="direct")
+    def decorated_conv(p, x):
+        return _convnet(p, x)
+
+    tiled = swap_backend(jtile.tile_conv(_convnet, axis="H", tiles=2), {"conv2d": "direct"})
+    assert _ffi_calls(tiled, params, x) == 6
+    for fn in (jax.jit(decorated), eqx.filter_jit(decorated_conv), jax.jit(tiled)):
+        assert tree_allclose(fn(params, x), expected, rtol=RTOL, atol=ATOL)
+    assert decorated.__name__ == "decorated"
+
+
+def test_ai3_readme_convnet_with_its_selector_list(tree_allclose):
+    fn, params = jtile.models.as_function(jtile.models.get("ai3_convnet", jax.random.key(0)))
+    x = jax.random.normal(jax.random.key(1), (2, 3, 32, 32))
+    swapped = swap_conv2d(fn, ["direct", "smm"])
+    assert _ffi_calls(swapped, params, x) == 2
+    assert tree_allclose(jax.jit(swapped)(params, x), jax.jit(fn)(params, x), rtol=RTOL, atol=ATOL)
+
+
+def test_onnx_imported_model_is_swapped(tree_allclose):
+    fn, params = jtile.models.as_function(jtile.models.get("ai3_convnet", jax.random.key(0)))
+    x = jax.random.normal(jax.random.key(1), (1, 3, 32, 32))
+    imported = jtile.onnx.load(jtile.onnx.export(fn, x, params=params))
+    swapped = swap_backend(imported.fn, {"conv2d": ["smm", "winograd"], "maxpool2d": "direct"})
+    assert _ffi_calls(swapped, imported.params, x) == 3
+    assert tree_allclose(swapped(imported.params, x), fn(params, x), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.slow
+def test_zoo_model_swapped_with_auto(tree_allclose):
+    model = jtile.models.get("mobilenet_v2", jax.random.key(0))
+    fn, params = jtile.models.as_function(model)
+    x = jax.random.normal(jax.random.key(1), (1, 3, 32, 32))
+    swapped = swap_backend(fuse(fn), "auto")
+    assert _ffi_calls(swapped, params, x) >= 17  # at least every depthwise conv
+    assert tree_allclose(jax.jit(swapped)(params, x), jax.jit(fn)(params, x), rtol=1e-3, atol=1e-4)
+
+
+def test_fused_dense_with_per_row_bias_adds_it_after_the_kernel(getkey, tree_allclose):
+    w, x, b = (jax.random.normal(getkey(), s) for s in [(8, 40), (40, 3), (8, 1)])
+
+    def f(w, x, b):
+        return jax.nn.relu(w @ x + b)
+
+    fused = fuse(f)
+    assert "dense[" in str(jax.make_jaxpr(fused)(w, x, b))
+    swapped = swap_backend(fused, {"dense": "gemm"})
+    assert _ffi_calls(swapped, w, x, b) == 1
+    assert tree_allclose(swapped(w, x, b), f(w, x, b), rtol=RTOL, atol=ATOL)
