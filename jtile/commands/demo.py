@@ -31,7 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _step(label: str):
     print(f"  {label} ...", end="", flush=True)
     start = time.perf_counter()
-    yield
+    try:
+        yield
+    except BaseException:
+        print(" failed", flush=True)
+        raise
     print(f" {time.perf_counter() - start:.1f} s", flush=True)
 
 
