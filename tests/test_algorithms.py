@@ -137,6 +137,17 @@ def test_auto_swaps_where_a_kernel_wins_and_keeps_xla_elsewhere(getkey, tree_all
     assert chosen == [0, 1, 2]
 
 
+@pytest.mark.parametrize("rows, swapped", [(1, True), (8, True), (64, True), (65, False)])
+def test_auto_dense_takes_the_kernel_for_inference_batches(getkey, tree_allclose, rows, swapped):
+    x, w = jax.random.normal(getkey(), (rows, 48)), jax.random.normal(getkey(), (24, 48))
+
+    def fc(x, w):
+        return x @ w.T  # torch's weight layout
+
+    assert _ffi_calls(swap_backend(fc, "auto"), x, w) == int(swapped)
+    assert tree_allclose(swap_backend(fc, "auto")(x, w), fc(x, w), rtol=RTOL, atol=ATOL)
+
+
 def test_non_float32_falls_back_with_auto_and_raises_when_explicit(getkey):
     x = jax.random.normal(getkey(), (1, 32, 16, 16), jnp.bfloat16)
     w = jax.random.normal(getkey(), (32, 32, 3, 3), jnp.bfloat16)
