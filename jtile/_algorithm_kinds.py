@@ -25,7 +25,7 @@ import numpy as np
 
 from ._errors import ConfigError
 from ._fused import activate
-from ._layers import Layer, register_describer, scope_name
+from ._layers import Layer, dense_weight_axis, pool_axes, pool_window, scope_name
 
 _F32 = np.dtype(np.float32)
 
@@ -34,16 +34,6 @@ def _kernels():
     from . import kernels
 
     return kernels
-
-
-def _fields(eqn) -> dict:
-    return dict(
-        name=scope_name(eqn),
-        primitive=eqn.primitive.name,
-        in_shapes=tuple(tuple(v.aval.shape) for v in eqn.invars),
-        out_shape=tuple(eqn.outvars[0].aval.shape),
-        dtype=np.dtype(eqn.outvars[0].aval.dtype),
-    )
 
 
 def _dtype_reason(eqn) -> str | None:
@@ -186,30 +176,8 @@ def _auto_conv(eqn, layer: Layer, producers) -> str:
 # ---------------------------------------------------------------- dense
 
 
-def _dense_dims(eqn) -> int | None:
-    """The contracting axis of the weight if `eqn` is `x @ w` with a 2-D weight, else None."""
-    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
-    x, w = (v.aval for v in eqn.invars[:2])
-    if lb or rb or w.ndim != 2 or tuple(lc) != (x.ndim - 1,) or len(rc) != 1:
-        return None
-    return rc[0]
-
-
-def _describe_dot(eqn) -> Layer:
-    w_contract = _dense_dims(eqn)
-    shapes = [tuple(v.aval.shape) for v in eqn.invars]
-    if w_contract is None:
-        return Layer(kind="matmul", **_fields(eqn))
-    return Layer(
-        kind="dense",
-        **_fields(eqn),
-        in_channels=shapes[1][w_contract],
-        out_channels=shapes[1][1 - w_contract],
-    )
-
-
 def _dense_support(eqn, layer: Layer) -> str | None:
-    if _dense_dims(eqn) is None:
+    if dense_weight_axis(eqn) is None:
         return (
             "the kernel computes x @ w with a 2-D weight contracted against the last axis of x; "
             f"this product has dimension numbers {eqn.params['dimension_numbers']}"
@@ -221,7 +189,7 @@ def _dense_support(eqn, layer: Layer) -> str | None:
 
 
 def _dense_run(eqn, x, w, *bias, producers):
-    transpose_w = _dense_dims(eqn) == 1
+    transpose_w = dense_weight_axis(eqn) == 1
     if not transpose_w and _is_matrix_transpose(producers.get(eqn.invars[1])):
         # x @ w.T: hand the kernel w itself; XLA cancels the two transposes.
         w, transpose_w = w.T, True
@@ -259,48 +227,6 @@ _GEMM_MAX_ROWS = 64
 # ---------------------------------------------------------------- pooling
 
 
-def _pool_axes(eqn) -> tuple[int, int] | None:
-    """The two spatial axes of a 4-D `reduce_window`: (2, 3) for NCHW, (1, 2) for NHWC."""
-    p = eqn.params
-    if eqn.invars[0].aval.ndim != 4:
-        return None
-    pooled = {
-        d
-        for d in range(4)
-        if p["window_dimensions"][d] != 1 or p["window_strides"][d] != 1 or p["padding"][d] != (0, 0)
-    }
-    for axes in ((2, 3), (1, 2)):
-        if pooled <= set(axes):
-            return axes
-    return None
-
-
-def _pool_window(eqn) -> dict:
-    """Window, stride, padding and dilation of a 2-D pool along its spatial axes."""
-    p, axes = eqn.params, _pool_axes(eqn)
-    return dict(
-        kernel_size=tuple(p["window_dimensions"][a] for a in axes),
-        stride=tuple(p["window_strides"][a] for a in axes),
-        padding=tuple(tuple(p["padding"][a]) for a in axes),
-        dilation=tuple(p["window_dilation"][a] for a in axes),
-        lhs_dilation=tuple(p["base_dilation"][a] for a in axes),
-    )
-
-
-def _describe_pool(kind: str):
-    def describe(eqn) -> Layer:
-        axes = _pool_axes(eqn)
-        if axes is None:
-            return Layer(kind=f"reduce_window_{kind}", **_fields(eqn))
-        channels = eqn.invars[0].aval.shape[1 if axes == (2, 3) else 3]
-        return Layer(
-            kind=f"{kind}pool2d", **_fields(eqn), in_channels=channels, out_channels=channels,
-            **_pool_window(eqn),
-        )
-
-    return describe
-
-
 def _pool_support(kernel: str):
     def support(eqn, layer: Layer) -> str | None:
         if any(d != 1 for d in eqn.params["base_dilation"]):
@@ -313,12 +239,12 @@ def _pool_support(kernel: str):
 
 
 def _pool_spec(eqn) -> tuple[int, ...]:
-    return (0, 1, 2, 3) if _pool_axes(eqn) == (2, 3) else (0, 3, 1, 2)
+    return (0, 1, 2, 3) if pool_axes(eqn) == (2, 3) else (0, 3, 1, 2)
 
 
 def _pool_run(kernel: str):
     def run(eqn, x, *, producers):
-        window, spec = _pool_window(eqn), _pool_spec(eqn)
+        window, spec = pool_window(eqn), _pool_spec(eqn)
         pool = getattr(_kernels(), kernel)
         y = pool(_reorder(x, spec), window["kernel_size"], window["stride"], window["padding"])
         return _restore(y, spec)
@@ -345,7 +271,7 @@ def find_avg_pools(jaxpr: jcore.Jaxpr) -> dict[int, int]:
             if isinstance(v, jcore.Var):
                 uses.setdefault(v, []).append(None)
         for eqn in inner.eqns:
-            if eqn.primitive.name != "reduce_window_sum" or _pool_axes(eqn) is None:
+            if eqn.primitive.name != "reduce_window_sum" or pool_axes(eqn) is None:
                 continue
             consumers = uses.get(eqn.outvars[0], [])
             window = math.prod(eqn.params["window_dimensions"])
@@ -385,9 +311,6 @@ def _keep_xla(eqn, layer: Layer, producers) -> str:
 # ---------------------------------------------------------------- tables
 
 
-register_describer("dot_general", _describe_dot)
-register_describer("reduce_window_max", _describe_pool("max"))
-register_describer("reduce_window_sum", _describe_pool("sum"))
 
 CONV_ALGORITHMS = ("direct", "smm", "winograd", "depthwise")
 
