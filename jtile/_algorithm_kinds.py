@@ -25,6 +25,7 @@ import numpy as np
 
 from ._errors import ConfigError
 from ._fused import activate
+from ._interpreter import iter_eqns, iter_jaxprs
 from ._layers import Layer, dense_weight_axis, pool_axes, pool_window, scope_name
 
 _F32 = np.dtype(np.float32)
@@ -254,14 +255,14 @@ def _pool_run(kernel: str):
 
 def producers(jaxpr: jcore.Jaxpr) -> dict:
     """`{var: the equation that produces it}` over `jaxpr` and its sub-jaxprs."""
-    return {v: eqn for inner in _all_jaxprs(jaxpr) for eqn in inner.eqns for v in eqn.outvars}
+    return {v: eqn for eqn in iter_eqns(jaxpr) for v in eqn.outvars}
 
 
 def find_avg_pools(jaxpr: jcore.Jaxpr) -> dict[int, int]:
     """`{id(reduce_window_sum eqn): id(div eqn)}` for every sum pool whose one use
     divides it by its window size, in `jaxpr` and its sub-jaxprs."""
     pairs = {}
-    for inner in _all_jaxprs(jaxpr):
+    for inner in iter_jaxprs(jaxpr):
         uses: dict = {}
         for eqn in inner.eqns:
             for v in eqn.invars:
@@ -285,13 +286,6 @@ def _divides_by(eqn, numerator, value: int) -> bool:
         return False
     divisor = eqn.invars[1]
     return isinstance(divisor, jcore.Literal) and np.ndim(divisor.val) == 0 and divisor.val == value
-
-
-def _all_jaxprs(jaxpr: jcore.Jaxpr):
-    yield jaxpr
-    for eqn in jaxpr.eqns:
-        for sub in jcore.jaxprs_in_params(eqn.params):
-            yield from _all_jaxprs(sub)
 
 
 def _auto_max_pool(eqn, layer: Layer, producers) -> str:

@@ -32,7 +32,7 @@ from ._errors import ConfigError
 Rule = Callable[..., Any]
 Rules = Mapping[str, Rule]
 
-INLINED = {
+_INLINED = {
     "jit": "jaxpr",
     "closed_call": "call_jaxpr",
     "core_call": "call_jaxpr",
@@ -43,7 +43,7 @@ INLINED = {
 }
 
 
-def split_closed(jaxpr) -> tuple[jcore.Jaxpr, list]:
+def _split_closed(jaxpr) -> tuple[jcore.Jaxpr, list]:
     if isinstance(jaxpr, jcore.ClosedJaxpr):
         return jaxpr.jaxpr, list(jaxpr.consts)
     return jaxpr, []
@@ -118,8 +118,8 @@ def eval_jaxpr(jaxpr: jcore.Jaxpr, consts, *args, rules: Rules) -> list:
             if name in rules:
                 out = rules[name](eqn, *invals)
                 out = list(out) if eqn.primitive.multiple_results else [out]
-            elif name in INLINED:
-                inner, inner_consts = split_closed(eqn.params[INLINED[name]])
+            elif name in _INLINED:
+                inner, inner_consts = _split_closed(eqn.params[_INLINED[name]])
                 out = eval_jaxpr(inner, inner_consts, *invals, rules=rules)
             elif name in CONTROL_FLOW:
                 out = CONTROL_FLOW[name](eqn, invals, rules)
@@ -257,6 +257,14 @@ def transform(
 def make_jaxpr(fn: Callable, *args, **kwargs) -> jcore.ClosedJaxpr:
     """The inlined jaxpr of `fn` with filter semantics, for analysis and scheduling."""
     return Traced("jtile", fn, args, kwargs).jaxpr
+
+
+def iter_jaxprs(jaxpr: jcore.Jaxpr):
+    """`jaxpr` and every sub-jaxpr of its equations, depth first."""
+    yield jaxpr
+    for eqn in jaxpr.eqns:
+        for sub in jcore.jaxprs_in_params(eqn.params):
+            yield from iter_jaxprs(sub)
 
 
 def iter_eqns(jaxpr: jcore.Jaxpr):

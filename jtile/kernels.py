@@ -30,6 +30,7 @@ import numpy as np
 from jax import lax
 
 from ._errors import ConfigError, UnsupportedError
+from ._regions import SlidingWindow
 
 Pair = tuple[int, int]
 Padding = tuple[Pair, Pair]
@@ -174,11 +175,13 @@ class ConvSpec:
 
     @property
     def out_shape(self) -> tuple[int, int, int, int]:
-        n, _, h, w = self.x_shape
-        o, _, kh, kw = self.w_shape
-        (pt, pb), (pl, pr) = self.padding
-        oh = (h + pt + pb - self.dilation[0] * (kh - 1) - 1) // self.stride[0] + 1
-        ow = (w + pl + pr - self.dilation[1] * (kw - 1) - 1) // self.stride[1] + 1
+        n, o = self.x_shape[0], self.w_shape[0]
+        oh, ow = (
+            SlidingWindow(size, k, s, lo, hi, d).out_size
+            for size, k, s, (lo, hi), d in zip(
+                self.x_shape[2:], self.w_shape[2:], self.stride, self.padding, self.dilation
+            )
+        )
         return n, o, oh, ow
 
     def problem(self) -> str | None:
@@ -403,8 +406,10 @@ def _pool_out_shape(where: str, x, window: Pair, stride: Pair, padding: Padding)
     _require_float32(where, x=x)
     _require_rank(where, "x", x, 4)
     *lead, h, w = jnp.shape(x)
-    oh = (h + sum(padding[0]) - window[0]) // stride[0] + 1
-    ow = (w + sum(padding[1]) - window[1]) // stride[1] + 1
+    oh, ow = (
+        SlidingWindow(size, k, s, lo, hi).out_size
+        for size, k, s, (lo, hi) in zip((h, w), window, stride, padding)
+    )
     if oh < 1 or ow < 1:
         raise ConfigError(f"{where}: window {window} does not fit the padded input {jnp.shape(x)}")
     return (*lead, oh, ow)

@@ -4,8 +4,6 @@ import jax
 import numpy as np
 import pytest
 
-jax.config.update("jax_enable_x64", False)
-
 
 @pytest.fixture
 def getkey():

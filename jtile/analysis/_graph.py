@@ -67,7 +67,7 @@ class Graph:
 
     closed: jcore.ClosedJaxpr
     out_tree: object
-    leaves: list[Leaf]  # the jaxpr's invars, its constvars, then consts of inlined calls
+    leaves: list[Leaf]  # the jaxpr's invars, then its constvars
     ops: list[Op]
     outputs: list[Value]
     trainable: int  # bitmask over `leaves` of the trainable parameters

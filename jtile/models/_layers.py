@@ -29,6 +29,7 @@ import numpy as np
 from jax import lax
 
 from .._errors import ConfigError
+from .._regions import SlidingWindow
 
 _NCHW = ("NCHW", "OIHW", "NCHW")
 
@@ -85,15 +86,17 @@ def _check_nchw(name: str, x, channels: int | None = None) -> None:
         )
 
 
-def _window_out(name: str, size: int, kernel: int, stride: int, lo: int, hi: int) -> int:
+def _window_out(
+    name: str, size: int, kernel: int, stride: int, lo: int, hi: int, dilation: int = 1
+) -> int:
     """Output length of a sliding window, or `ConfigError` when the input is too small."""
-    out = (size + lo + hi - kernel) // stride + 1
-    if size + lo + hi < kernel:
+    window = SlidingWindow(size, kernel, stride, lo, hi, dilation)
+    if window.out_size < 1:
         raise ConfigError(
             f"{name}: spatial size {size} (padded {size + lo + hi}) is smaller than the "
-            f"window {kernel}; use a larger input size"
+            f"window {(kernel - 1) * dilation + 1}; use a larger input size"
         )
-    return out
+    return window.out_size
 
 
 class Conv2d(eqx.Module):
@@ -123,7 +126,7 @@ class Conv2d(eqx.Module):
     def __call__(self, x):
         _check_nchw(self.name, x, self.weight.shape[1] * self.groups)
         for size, k, d, p in zip(x.shape[2:], self.weight.shape[2:], self.dilation, self.padding):
-            _window_out(self.name, size, (k - 1) * d + 1, 1, p, p)
+            _window_out(self.name, size, k, 1, p, p, d)
         y = lax.conv_general_dilated(
             x, self.weight, self.stride, [(p, p) for p in self.padding],
             rhs_dilation=self.dilation, dimension_numbers=_NCHW,
