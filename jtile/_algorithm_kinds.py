@@ -144,27 +144,27 @@ def _is_depthwise(layer: Layer) -> bool:
 def _conv_preference(eqn, layer: Layer) -> tuple[str, ...]:
     """Kernels measured faster than XLA for this class of conv, best first.
 
-    Measured at batch 1 and 8 on the zoo's layers, against XLA with weights as
-    arguments and as folded constants: depthwise ~20-100x (XLA runs grouped
-    convs channel by channel); im2col + GEMM on image stems (<= 4 input
-    channels) ~1.3-5x; Winograd on 3x3 stride 1 ~1.5-6x and im2col + GEMM on
-    1x1 ~1.3-4x while the output is at least 14x14 (below, Winograd's 4x4
-    tiles are mostly padding and XLA's GEMM on constant weights ties). XLA wins
-    or ties on other strided and large-window convs and on convs with fewer
-    than 16 channels, so those stay.
+    Measured at batch 1 on the zoo's layers (ResNet-18, MobileNetV2) against
+    XLA with weights folded into constants: depthwise ~20-100x (XLA runs
+    grouped convs channel by channel); Winograd on 3x3 stride 1 with at least
+    14x14 outputs ~2-3x (below, its 4x4 tiles are mostly padding); im2col +
+    GEMM on packed weights on every other conv: stems 1.4-7x, strided 3x3
+    1.2-2x, 3x3 at 7x7 1.8x, 1x1 1.1-5x. Grouped (not depthwise) and dilated
+    convs were not measured, so they stay with XLA.
     """
     if _is_depthwise(layer):
         return ("depthwise", "direct")
     if layer.groups != 1 or any(d != 1 for d in layer.dilation):
         return ()
-    if layer.in_channels <= 4:
-        return ("smm",)
     out_spec = eqn.params["dimension_numbers"][2]
-    if min(layer.in_channels, layer.out_channels) < 16 or min(layer.out_shape[d] for d in out_spec[2:]) < 14:
-        return ()
-    if layer.kernel_size == (1, 1):
-        return ("smm",)
-    return ("winograd",) if layer.kernel_size == (3, 3) and layer.stride == (1, 1) else ()
+    if (
+        layer.kernel_size == (3, 3)
+        and layer.stride == (1, 1)
+        and min(layer.in_channels, layer.out_channels) >= 16
+        and min(layer.out_shape[d] for d in out_spec[2:]) >= 14
+    ):
+        return ("winograd", "smm")
+    return ("smm",)
 
 
 def _auto_conv(eqn, layer: Layer, producers) -> str:

@@ -1,93 +1,146 @@
-// Convolution as GEMM ("smm", as ai3 calls it): for each image and group,
-// out (O/g x OH*OW) = w (O/g x C/g*KH*KW) times im2col(x). The im2col matrix
-// is never materialised: the GEMM's B packer gathers it straight into packed
-// panels. A 1x1, stride-1, unpadded conv needs no gathering at all: x itself
-// is the B matrix.
+// Convolution as GEMM ("smm", as ai3 calls it) on weights packed ahead of
+// time (jtile.kernels.pack_gemm_weight), per group, in one of two
+// orientations:
+// - channel rows: out (O/g x OH*OW) = w (O/g x C/g*KH*KW) times im2col(x),
+//   one image at a time; output pixels are the vector lanes. Suits large
+//   images.
+// - pixel rows: out^T (N*OH*OW x O/g) = im2col(x)^T times w^T over the whole
+//   batch; output channels are the vector lanes and the result is written
+//   back transposed. Suits small images with many channels, where a row of
+//   pixels would fill few lanes.
+// The im2col matrix is never materialised: its operand gathers it straight
+// into packed strips. A 1x1, stride-1, unpadded conv in channel rows needs no
+// gathering at all: x itself is the B matrix.
 #include "gemm.h"
 
 namespace jtile {
 namespace {
 
-// im2col of one image's group channels, rows (c, ky, kx), columns (oy, ox).
-// A packed strip's columns are split into runs that stay in one output row;
-// for each row of B a run is then one strided (at stride 1, contiguous) read
-// of an input row, zero-filled where it falls into the padding.
-struct Im2colB final : BPacker {
+// im2col of the group's channels: row i is output position i = (image,
+// oy, ox) of the batch, column k = (c, ky, kx). A strip's rows are split into
+// runs that stay in one output row; for each k a run is then one strided (at
+// stride 1, contiguous) read of an input row, zero-filled in the padding.
+struct Im2col final : Operand {
   const ConvShape& s;
-  const float* x;  // first channel of the group in this image
-  Im2colB(const ConvShape& s, const float* x) : s(s), x(x) {}
+  const float* x;  // first channel of the group in image 0
+  Im2col(const ConvShape& s, const float* x) : s(s), x(x) {}
 
   struct Run {
-    int q0, len;       // columns [q0, q0 + len) of the strip
-    int64_t iy, ix;    // input position of the first column's (0, 0) tap
+    int q0, len;          // rows [q0, q0 + len) of the strip
+    const float* image;   // the group's first channel in this run's image
+    int64_t iy, ix;       // input position of the first row's (0, 0) tap
   };
 
-  void pack(int64_t k0, int64_t kc, int64_t n0, int64_t nc, float* dst) const override {
-    const int64_t taps = s.kh * s.kw;
-    for (int64_t j = 0; j < nc; j += GEMM_NR, dst += kc * GEMM_NR) {
-      const int cols = (int)std::min<int64_t>(GEMM_NR, nc - j);
-      Run runs[GEMM_NR];
+  void pack(int64_t k0, int64_t kc, int64_t i0, int64_t count, int r, float* dst) const override {
+    const int64_t pixels = s.oh * s.ow;
+    Run runs[std::max(GEMM_MR, GEMM_NR)];  // a run per row at most; r is MR or NR
+    for (int64_t j = 0; j < count; j += r, dst += kc * r) {
+      const int rows = (int)std::min<int64_t>(r, count - j);
       int nruns = 0;
-      for (int q = 0; q < cols;) {
-        const int64_t p = n0 + j + q, oy = p / s.ow, ox = p % s.ow;
-        const int len = (int)std::min<int64_t>(cols - q, s.ow - ox);
-        runs[nruns++] = Run{q, len, oy * s.sh - s.pt, ox * s.sw - s.pl};
+      for (int q = 0; q < rows;) {
+        const int64_t i = i0 + j + q, img = i / pixels, p = i % pixels, oy = p / s.ow, ox = p % s.ow;
+        const int len = (int)std::min<int64_t>(rows - q, s.ow - ox);
+        runs[nruns++] = Run{q, len, x + img * s.c * s.h * s.w, oy * s.sh - s.pt, ox * s.sw - s.pl};
         q += len;
       }
-      for (int64_t kk = 0; kk < kc; ++kk) {
-        const int64_t c = (k0 + kk) / taps, tap = (k0 + kk) % taps;
-        const int64_t dy = tap / s.kw * s.dh, dx = tap % s.kw * s.dw;
-        float* d = dst + kk * GEMM_NR;
-        std::fill(d + cols, d + GEMM_NR, 0.0f);
-        for (int r = 0; r < nruns; ++r) {
-          const Run& run = runs[r];
-          float* out = d + run.q0;
-          const int64_t iy = run.iy + dy, ix = run.ix + dx;
-          if (iy < 0 || iy >= s.h) {
-            std::fill(out, out + run.len, 0.0f);
-            continue;
-          }
-          // Columns e with 0 <= ix + e * sw < w read the input, the rest are padding.
-          const int64_t lo = std::min<int64_t>(run.len, ix >= 0 ? 0 : ceil_div(-ix, s.sw));
-          const int64_t hi = std::max(lo, std::min<int64_t>(run.len, ix < s.w ? ceil_div(s.w - ix, s.sw) : 0));
-          const float* in = x + (c * s.h + iy) * s.w + ix;
-          std::fill(out, out + lo, 0.0f);
-          if (s.sw == 1)
-            std::memcpy(out + lo, in + lo, (hi - lo) * sizeof(float));
-          else
-            for (int64_t e = lo; e < hi; ++e) out[e] = in[e * s.sw];
-          std::fill(out + hi, out + run.len, 0.0f);
+      pack_runs(k0, kc, runs, nruns, r, rows, dst);
+    }
+  }
+
+  void pack_runs(int64_t k0, int64_t kc, const Run* runs, int nruns, int r, int rows, float* dst) const {
+    const int64_t taps = s.kh * s.kw;
+    for (int64_t kk = 0; kk < kc; ++kk) {
+      const int64_t c = (k0 + kk) / taps, tap = (k0 + kk) % taps;
+      const int64_t dy = tap / s.kw * s.dh, dx = tap % s.kw * s.dw;
+      float* d = dst + kk * r;
+      std::fill(d + rows, d + r, 0.0f);
+      for (int q = 0; q < nruns; ++q) {
+        const Run& run = runs[q];
+        float* out = d + run.q0;
+        const int64_t iy = run.iy + dy, ix = run.ix + dx;
+        if (iy < 0 || iy >= s.h) {
+          std::fill(out, out + run.len, 0.0f);
+          continue;
         }
+        // Rows e with 0 <= ix + e * sw < w read the input, the rest are padding.
+        const int64_t lo = std::min<int64_t>(run.len, ix >= 0 ? 0 : ceil_div(-ix, s.sw));
+        const int64_t hi = std::max(lo, std::min<int64_t>(run.len, ix < s.w ? ceil_div(s.w - ix, s.sw) : 0));
+        const float* in = run.image + (c * s.h + iy) * s.w + ix;
+        std::fill(out, out + lo, 0.0f);
+        if (s.sw == 1)
+          std::memcpy(out + lo, in + lo, (hi - lo) * sizeof(float));
+        else
+          for (int64_t e = lo; e < hi; ++e) out[e] = in[e * s.sw];
+        std::fill(out + hi, out + run.len, 0.0f);
       }
     }
   }
 };
 
 ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b,
-                   ffi::Span<const int64_t> attr, int64_t act, float alpha, float lo, float hi,
-                   F32Result y) {
-  ConvShape s;
+                   ffi::Span<const int64_t> attr, ffi::Span<const int64_t> kernel,
+                   int64_t pixel_rows, int64_t act, float alpha, float lo, float hi, F32Result y) {
+  auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
+  if (xd.size() != 4 || yd.size() != 4 || wd.size() != 4 || attr.size() != 9 || kernel.size() != 3)
+    return ffi::Error::InvalidArgument(
+        "jtile smm: expected NCHW x, packed w (groups, strips, K, R), 9 conv attributes and [O, KH, KW]");
+  ConvShape s{xd[0], xd[1], xd[2], xd[3], kernel[0], 0, kernel[1], kernel[2],
+              attr[0], attr[1], attr[2], attr[3], attr[4], attr[5], attr[6], attr[7], attr[8],
+              yd[2], yd[3]};
   Epilogue ep;
-  if (auto e = decode_conv(x, w, b, attr, y, &s); e.failure()) return e;
   if (auto e = make_epilogue(act, alpha, lo, hi, &ep); e.failure()) return e;
+  if (s.groups < 1 || s.c % s.groups || s.o % s.groups)
+    return ffi::Error::InvalidArgument("jtile smm: groups must divide the channels");
+  s.cg = s.c / s.groups;
   const int64_t og = s.og(), taps = s.cg * s.kh * s.kw, pixels = s.oh * s.ow;
+  const int r = pixel_rows ? GEMM_NR : GEMM_MR;
+  const bool ok = wd[0] == s.groups && wd[1] == ceil_div(og, r) && wd[2] == taps && wd[3] == r &&
+                  (int64_t)b.element_count() == s.o && yd[0] == s.n && yd[1] == s.o &&
+                  s.sh >= 1 && s.sw >= 1 && s.dh >= 1 && s.dw >= 1 &&
+                  std::min({s.pt, s.pb, s.pl, s.pr}) >= 0 &&
+                  s.oh == (s.h + s.pt + s.pb - s.dh * (s.kh - 1) - 1) / s.sh + 1 &&
+                  s.ow == (s.w + s.pl + s.pr - s.dw * (s.kw - 1) - 1) / s.sw + 1;
+  if (!ok) return ffi::Error::InvalidArgument("jtile smm: inconsistent shapes, packing or attributes");
   const bool pointwise = s.kh == 1 && s.kw == 1 && s.sh == 1 && s.sw == 1 &&
                          s.pt + s.pb + s.pl + s.pr == 0;
-  for (int64_t n = 0; n < s.n; ++n)
-    for (int64_t g = 0; g < s.groups; ++g) {
-      const float* xg = x.typed_data() + (n * s.c + g * s.cg) * s.h * s.w;
-      GemmOutput out{y->typed_data() + (n * s.o + g * og) * pixels, pixels,
-                     b.typed_data() + g * og, nullptr, ep};
-      const float* wg = w.typed_data() + g * og * taps;
-      if (pointwise)
-        gemm(pool, og, pixels, taps, wg, taps, RowMajorB(xg, s.h * s.w), out);
-      else
-        gemm(pool, og, pixels, taps, wg, taps, Im2colB(s, xg), out);
+  for (int64_t g = 0; g < s.groups; ++g) {
+    const Prepacked wg(w.typed_data() + g * wd[1] * taps * r, taps, r);
+    const float* bias = b.typed_data() + g * og;
+    float* yg = y->typed_data() + g * og * pixels;
+    if (pixel_rows) {
+      GemmOutput out{yg, pixels, nullptr, bias, ep, true, pixels, s.o * pixels};
+      gemm(pool, s.n * pixels, og, taps, Im2col(s, x.typed_data() + g * s.cg * s.h * s.w), wg, out);
+      continue;
     }
+    for (int64_t n = 0; n < s.n; ++n) {
+      const float* xg = x.typed_data() + (n * s.c + g * s.cg) * s.h * s.w;
+      GemmOutput out{yg + n * s.o * pixels, pixels, bias, nullptr, ep};
+      if (pointwise)
+        gemm(pool, og, pixels, taps, wg, Columns(xg, pixels), out);
+      else
+        gemm(pool, og, pixels, taps, wg, Im2col(s, xg), out);
+    }
+  }
   return ffi::Error::Success();
 }
 
 }  // namespace
 }  // namespace jtile
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JtileConvSmm, jtile::ConvSmm, JTILE_CONV_BINDING);
+// The GEMM's register tile, so that Python packs weights to match: [MR, NR].
+extern "C" void JtileGemmTile(int64_t* tile) {
+  tile[0] = jtile::GEMM_MR;
+  tile[1] = jtile::GEMM_NR;
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JtileConvSmm, jtile::ConvSmm,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::ThreadPool>()
+                                  .Arg<jtile::F32Buffer>()
+                                  .Arg<jtile::F32Buffer>()
+                                  .Arg<jtile::F32Buffer>()
+                                  .Attr<xla::ffi::Span<const int64_t>>("conv")
+                                  .Attr<xla::ffi::Span<const int64_t>>("kernel")
+                                  .Attr<int64_t>("pixel_rows")
+                                  .JTILE_EPILOGUE_ATTRS
+                                  .Ret<jtile::F32Buffer>());

@@ -102,24 +102,6 @@ void gemv_nk(ffi::ThreadPool& pool, int64_t m, int64_t k, int64_t n, const float
   });
 }
 
-// B = w^T for w (N, K) row-major: packs a kc x nc block by gathering columns.
-struct TransposedB final : BPacker {
-  const float* w;
-  int64_t k;
-  TransposedB(const float* w, int64_t k) : w(w), k(k) {}
-  void pack(int64_t k0, int64_t kc, int64_t n0, int64_t nc, float* dst) const override {
-    for (int64_t j = 0; j < nc; j += GEMM_NR, dst += kc * GEMM_NR)
-      for (int q = 0; q < GEMM_NR; ++q) {
-        if (j + q >= nc) {
-          for (int64_t p = 0; p < kc; ++p) dst[p * GEMM_NR + q] = 0.0f;
-          continue;
-        }
-        const float* row = w + (n0 + j + q) * k + k0;
-        for (int64_t p = 0; p < kc; ++p) dst[p * GEMM_NR + q] = row[p];
-      }
-  }
-};
-
 ffi::Error Dense(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, int64_t act,
                  float alpha, float lo, float hi, int64_t transpose_w, F32Result y) {
   auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
@@ -139,9 +121,9 @@ ffi::Error Dense(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, in
   else if (m < GEMV_MAX_ROWS)
     gemv(pool, m, k, n, xs, ws, bs, ep, ys);
   else if (transpose_w)
-    gemm(pool, m, n, k, xs, k, TransposedB(ws, k), out);
+    gemm(pool, m, n, k, Rows(xs, k), Rows(ws, k), out);
   else
-    gemm(pool, m, n, k, xs, k, RowMajorB(ws, n), out);
+    gemm(pool, m, n, k, Rows(xs, k), Columns(ws, n), out);
   return ffi::Error::Success();
 }
 

@@ -1,8 +1,10 @@
-// GEMM in the BLIS arrangement: A packed once into MR-row strips per K
-// block; each task owns an NC-column block of C (and a chunk of M strips),
-// packs its KC x NC slice of B (L2-resident) and sweeps MR x NR micro-tiles
-// whose accumulators live in registers. Bias and activation are applied
-// when the last K block is stored.
+// GEMM in the BLIS arrangement: A in MR-row strips per K block (packed once
+// up front, or pre-packed); C split into tasks of (M chunk x NC columns), each
+// of which takes its KC x NC slice of B per K block (packed into an
+// L2-resident buffer, or pre-packed) and sweeps MR x NR micro-tiles whose
+// accumulators live in registers. Bias and activation are applied when the
+// last K block is stored; a transposed C is accumulated in a per-task buffer
+// and written out with its epilogue at the end.
 #include "gemm.h"
 
 namespace jtile {
@@ -10,8 +12,8 @@ namespace {
 
 constexpr int MR = GEMM_MR, NV = GEMM_NV, NR = GEMM_NR;
 constexpr int64_t KC = 256;            // K block
-constexpr int64_t NC = 8 * NR;         // columns per task
-constexpr int64_t MC_STRIPS = 24;      // M strips per task
+constexpr int64_t NC_STRIPS = 8;       // most B strips per task
+constexpr int64_t MC_STRIPS = 24;      // most A strips per task
 
 struct Tile {
   float* c;
@@ -64,23 +66,9 @@ inline void micro_kernel(int64_t kc, const float* __restrict a, const float* __r
   if (t.rows == MR && t.cols == NR) store_tile<true>(acc, t); else store_tile<false>(acc, t);
 }
 
-// A (m x k, lda) as [k block][m strip][kc][MR], rows past m zero.
-void pack_a(ffi::ThreadPool& pool, const float* a, int64_t lda, int64_t m, int64_t k, float* dst) {
-  const int64_t strips = ceil_div(m, MR);
-  parallel_for(pool, strips, [&](int64_t s) {
-    for (int64_t k0 = 0; k0 < k; k0 += KC) {
-      const int64_t kc = std::min(KC, k - k0);
-      float* d = dst + k0 * strips * MR + s * kc * MR;
-      for (int r = 0; r < MR; ++r) {
-        const int64_t row = s * MR + r;
-        for (int64_t p = 0; p < kc; ++p) d[p * MR + r] = row < m ? a[row * lda + k0 + p] : 0.0f;
-      }
-    }
-  });
-}
-
-// Per-thread packing buffer for B, grown on demand and reused across calls.
-float* b_buffer(int64_t count) {
+// Per-thread buffer, grown on demand and reused across calls.
+template <int Slot>
+float* thread_buffer(int64_t count) {
   thread_local Scratch buffer;
   thread_local int64_t capacity = 0;
   if (count > capacity) {
@@ -90,45 +78,140 @@ float* b_buffer(int64_t count) {
   return buffer.get();
 }
 
+// How C is cut into tasks of up to MC_STRIPS x NC_STRIPS micro-tiles: the
+// cut with the shortest makespan on `workers` threads, counting a task's tiles
+// plus the B strips it packs (free when B is pre-packed).
+struct Grid {
+  int64_t m_strips, n_strips;            // strips per task
+  int64_t m_chunks, n_blocks;
+};
+
+Grid plan_grid(int64_t strips_m, int64_t strips_n, int64_t workers, bool b_packed) {
+  Grid best{};
+  double best_cost = 0;
+  for (int64_t ms = 1; ms <= std::min(MC_STRIPS, strips_m); ++ms)
+    for (int64_t ns = 1; ns <= std::min(NC_STRIPS, strips_n); ++ns) {
+      const int64_t chunks = ceil_div(strips_m, ms), blocks = ceil_div(strips_n, ns);
+      const double task = double(ms * ns) + (b_packed ? 0.0 : 0.3 * ns) + 0.5;
+      const double cost = double(ceil_div(chunks * blocks, workers)) * task;
+      if (best.m_strips == 0 || cost < best_cost) {
+        best = Grid{ms, ns, chunks, blocks};
+        best_cost = cost;
+      }
+    }
+  return best;
+}
+
+// Writes a task's accumulated block (rows [i0, i0 + rows), columns [j0, j0 + cols),
+// leading dimension ldb in buf) to the transposed output with its epilogue.
+void write_transposed(const float* buf, int64_t ldb, int64_t i0, int64_t rows, int64_t j0,
+                      int64_t cols, const GemmOutput& out) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t row = i0 + i;
+    float* dst = out.c + row / out.block * out.block_stride + row % out.block + j0 * out.ldc;
+    const float rb = out.row_bias ? out.row_bias[row] : 0.0f;
+    for (int64_t j = 0; j < cols; ++j) {
+      const float cb = out.col_bias ? out.col_bias[j0 + j] : 0.0f;
+      dst[j * out.ldc] = out.ep(buf[i * ldb + j] + rb + cb);
+    }
+  }
+}
+
 }  // namespace
 
-void RowMajorB::pack(int64_t k0, int64_t kc, int64_t n0, int64_t nc, float* dst) const {
-  for (int64_t j = 0; j < nc; j += NR, dst += kc * NR) {
-    const int64_t cols = std::min<int64_t>(NR, nc - j);
-    const float* src = b + k0 * ldb + n0 + j;
+void Rows::pack(int64_t k0, int64_t kc, int64_t i0, int64_t count, int r, float* dst) const {
+  for (int64_t s = 0; s < count; s += r, dst += kc * r)
+    for (int q = 0; q < r; ++q) {
+      float* d = dst + q;
+      if (s + q >= count) {
+        for (int64_t p = 0; p < kc; ++p) d[p * r] = 0.0f;
+        continue;
+      }
+      const float* row = a + (i0 + s + q) * lda + k0;
+      for (int64_t p = 0; p < kc; ++p) d[p * r] = row[p];
+    }
+}
+
+void Columns::pack(int64_t k0, int64_t kc, int64_t i0, int64_t count, int r, float* dst) const {
+  for (int64_t s = 0; s < count; s += r, dst += kc * r) {
+    const int64_t cols = std::min<int64_t>(r, count - s);
+    const float* src = b + k0 * ldb + i0 + s;
     for (int64_t p = 0; p < kc; ++p, src += ldb)
-      for (int v = 0; v < NV; ++v) {
-        const int lanes = (int)std::clamp<int64_t>(cols - v * W, 0, W);
-        vstore(dst + p * NR + v * W, lanes == W ? vload(src + v * W) : vload_partial(src + v * W, lanes));
+      for (int v = 0; v < r; v += W) {
+        const int lanes = (int)std::clamp<int64_t>(cols - v, 0, std::min(W, r - v));
+        const V x = lanes == W ? vload(src + v) : vload_partial(src + v, lanes);
+        if (r - v >= W) vstore(dst + p * r + v, x); else vstore_partial(dst + p * r + v, x, r - v);
       }
   }
 }
 
-void gemm(ffi::ThreadPool& pool, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-          const BPacker& b, const GemmOutput& out) {
+void Prepacked::pack(int64_t k0, int64_t kc, int64_t i0, int64_t count, int, float* dst) const {
+  for (int64_t s = 0; s < count; s += r, dst += kc * r)
+    std::memcpy(dst, p + (i0 + s) / r * k * r + k0 * r, kc * r * sizeof(float));
+}
+
+void gemm(ffi::ThreadPool& pool, int64_t m, int64_t n, int64_t k, const Operand& a,
+          const Operand& b, const GemmOutput& out) {
   if (m <= 0 || n <= 0) return;
-  const int64_t strips = ceil_div(m, MR), kblocks = std::max<int64_t>(1, ceil_div(k, KC));
-  Scratch ap = make_scratch(strips * MR * k);
-  pack_a(pool, a, lda, m, k, ap.get());
-  const int64_t nblocks = ceil_div(n, NC), mchunks = ceil_div(strips, MC_STRIPS);
-  parallel_for(pool, nblocks * mchunks, [&](int64_t task) {
-    const int64_t n0 = task / mchunks * NC, nc = std::min(NC, n - n0);
-    const int64_t s0 = task % mchunks * MC_STRIPS, s1 = std::min(strips, s0 + MC_STRIPS);
-    float* bp = b_buffer(KC * ceil_div(nc, NR) * NR);
+  const int64_t strips_m = ceil_div(m, MR), strips_n = ceil_div(n, NR);
+  const int64_t kblocks = std::max<int64_t>(1, ceil_div(k, KC));
+  // A strip s of K block starting at k0 (kc deep).
+  int64_t a_stride = 0;
+  Scratch a_buffer;
+  const bool a_packed = a.packed(0, 0, &a_stride) != nullptr;
+  if (!a_packed) {
+    a_buffer = make_scratch(strips_m * MR * k);
+    parallel_for(pool, strips_m, [&](int64_t s) {
+      for (int64_t k0 = 0; k0 < k; k0 += KC) {
+        const int64_t kc = std::min(KC, k - k0);
+        a.pack(k0, kc, s * MR, std::min<int64_t>(MR, m - s * MR), MR,
+               a_buffer.get() + k0 * strips_m * MR + s * kc * MR);
+      }
+    });
+  }
+  auto a_strip = [&](int64_t k0, int64_t kc, int64_t s) -> const float* {
+    int64_t stride;
+    if (a_packed) return a.packed(k0, s * MR, &stride);
+    return a_buffer.get() + k0 * strips_m * MR + s * kc * MR;
+  };
+
+  int64_t unused;
+  const Grid grid = plan_grid(strips_m, strips_n, std::max<int64_t>(1, pool.num_threads()),
+                              b.packed(0, 0, &unused) != nullptr);
+  parallel_for(pool, grid.m_chunks * grid.n_blocks, [&](int64_t task) {
+    const int64_t s0 = task % grid.m_chunks * grid.m_strips;
+    const int64_t s1 = std::min(strips_m, s0 + grid.m_strips);
+    const int64_t n0 = task / grid.m_chunks * grid.n_strips * NR;
+    const int64_t nc = std::min(grid.n_strips * NR, n - n0);
+    const int64_t nc_strips = ceil_div(nc, NR);
+    // Transposed output: accumulate here, rows (s - s0) * MR, columns j.
+    const int64_t ldb = nc_strips * NR;
+    float* cbuf = out.transposed ? thread_buffer<1>((s1 - s0) * MR * ldb) : nullptr;
+    float* bbuf = nullptr;
     for (int64_t kb = 0; kb < kblocks; ++kb) {
       const int64_t k0 = kb * KC, kc = std::min(KC, k - k0);
-      b.pack(k0, kc, n0, nc, bp);
-      for (int64_t j = 0; j < nc; j += NR)
+      int64_t b_stride = kc * NR;
+      const float* bp = b.packed(k0, n0, &b_stride);
+      if (bp == nullptr) {
+        if (bbuf == nullptr) bbuf = thread_buffer<0>(KC * ldb);
+        b.pack(k0, kc, n0, nc, NR, bbuf);
+        bp = bbuf;
+      }
+      for (int64_t j = 0; j < nc_strips; ++j)
         for (int64_t s = s0; s < s1; ++s) {
-          const int64_t row = s * MR, col = n0 + j;
-          Tile t{out.c + row * out.ldc + col, out.ldc,
-                 (int)std::min<int64_t>(MR, m - row), (int)std::min<int64_t>(NR, n - col),
-                 kb > 0, kb == kblocks - 1,
-                 out.row_bias ? out.row_bias + row : nullptr,
-                 out.col_bias ? out.col_bias + col : nullptr, &out.ep};
-          micro_kernel(kc, ap.get() + k0 * strips * MR + s * kc * MR, bp + j * kc, t);
+          const int64_t row = s * MR, col = n0 + j * NR;
+          const int rows = (int)std::min<int64_t>(MR, m - row), cols = (int)std::min<int64_t>(NR, n - col);
+          Tile t = out.transposed
+              ? Tile{cbuf + (s - s0) * MR * ldb + j * NR, ldb, rows, cols, kb > 0, false,
+                     nullptr, nullptr, &out.ep}
+              : Tile{out.c + row * out.ldc + col, out.ldc, rows, cols, kb > 0, kb == kblocks - 1,
+                     out.row_bias ? out.row_bias + row : nullptr,
+                     out.col_bias ? out.col_bias + col : nullptr, &out.ep};
+          micro_kernel(kc, a_strip(k0, kc, s), bp + j * b_stride, t);
         }
     }
+    if (out.transposed)
+      write_transposed(cbuf, ldb, s0 * MR, std::min(m, s1 * MR) - s0 * MR, n0, nc, out);
   });
 }
 

@@ -1,7 +1,8 @@
 // Packed, register-blocked single-precision GEMM shared by dense and the
-// im2col convolution: C = epilogue(A B + bias), A row-major M x K, B supplied
-// as packed panels by a BPacker (a plain matrix, or im2col gathered straight
-// into the packed layout), C row-major with leading dimension ldc.
+// im2col convolution: C = epilogue(A B^T + bias) for operands A (M x K) and
+// B (N x K), each supplied by an Operand that packs it into strips (a plain
+// matrix, im2col gathered straight into the packed layout, or weights packed
+// once ahead of time). C is row-major, or stored transposed.
 #pragma once
 
 #include "common.h"
@@ -12,36 +13,66 @@ namespace jtile {
 #if defined(JTILE_GEMM_MR) && defined(JTILE_GEMM_NV)  // for tuning experiments
 constexpr int GEMM_MR = JTILE_GEMM_MR, GEMM_NV = JTILE_GEMM_NV;
 #elif defined(__AVX512F__)
-constexpr int GEMM_MR = 8, GEMM_NV = 2;
+constexpr int GEMM_MR = 14, GEMM_NV = 2;
 #else
 constexpr int GEMM_MR = 6, GEMM_NV = 2;
 #endif
 constexpr int GEMM_NR = GEMM_NV * W;
 
-// Writes the kc x nc block of B starting at (k0, n0) as ceil(nc / GEMM_NR)
-// strips, each kc rows of GEMM_NR floats, columns past nc set to zero.
-struct BPacker {
-  virtual ~BPacker() = default;
-  virtual void pack(int64_t k0, int64_t kc, int64_t n0, int64_t nc, float* dst) const = 0;
+// One GEMM operand as `rows` x K (the M rows of A, or the N columns of C for
+// B), handed to the kernel in strips of R rows: a strip is kc x R floats,
+// k-major, rows past the end zero.
+struct Operand {
+  virtual ~Operand() = default;
+  // Writes rows [i0, i0 + count) x [k0, k0 + kc) as ceil(count / R) strips.
+  virtual void pack(int64_t k0, int64_t kc, int64_t i0, int64_t count, int r, float* dst) const = 0;
+  // A pre-packed operand: the strip holding row i0 (a multiple of R) from k0
+  // on, with *stride set to the distance between strips; others return null.
+  virtual const float* packed(int64_t k0, int64_t i0, int64_t* stride) const { return nullptr; }
 };
 
-// B as a row-major K x N matrix with leading dimension ldb.
-struct RowMajorB final : BPacker {
+// Row i is a[i * lda + k]: A row-major, or B given as (N, K) (x @ w.T).
+struct Rows final : Operand {
+  const float* a;
+  int64_t lda;
+  Rows(const float* a, int64_t lda) : a(a), lda(lda) {}
+  void pack(int64_t k0, int64_t kc, int64_t i0, int64_t count, int r, float* dst) const override;
+};
+
+// Row i is column i of a row-major K x N matrix: b[k * ldb + i].
+struct Columns final : Operand {
   const float* b;
   int64_t ldb;
-  RowMajorB(const float* b, int64_t ldb) : b(b), ldb(ldb) {}
-  void pack(int64_t k0, int64_t kc, int64_t n0, int64_t nc, float* dst) const override;
+  Columns(const float* b, int64_t ldb) : b(b), ldb(ldb) {}
+  void pack(int64_t k0, int64_t kc, int64_t i0, int64_t count, int r, float* dst) const override;
+};
+
+// Already packed, as [strip][K][R] (see jtile.kernels.pack_gemm_weight).
+struct Prepacked final : Operand {
+  const float* p;
+  int64_t k;
+  int r;
+  Prepacked(const float* p, int64_t k, int r) : p(p), k(k), r(r) {}
+  void pack(int64_t, int64_t, int64_t, int64_t, int, float*) const override;
+  const float* packed(int64_t k0, int64_t i0, int64_t* stride) const override {
+    *stride = k * r;
+    return p + i0 / r * k * r + k0 * r;
+  }
 };
 
 struct GemmOutput {
   float* c;
   int64_t ldc;
-  const float* row_bias;  // (M,) added along rows (conv: one per output channel), or null
-  const float* col_bias;  // (N,) added along columns (dense), or null
+  const float* row_bias;  // (M,) added along rows, or null
+  const float* col_bias;  // (N,) added along columns, or null
   Epilogue ep;
+  // Transposed: C[i][j] goes to c[i / block * block_stride + j * ldc + i % block]
+  // (conv: i = (image, pixel) with block = pixels, j = output channel).
+  bool transposed = false;
+  int64_t block = 0, block_stride = 0;
 };
 
-void gemm(ffi::ThreadPool& pool, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-          const BPacker& b, const GemmOutput& out);
+void gemm(ffi::ThreadPool& pool, int64_t m, int64_t n, int64_t k, const Operand& a,
+          const Operand& b, const GemmOutput& out);
 
 }  // namespace jtile

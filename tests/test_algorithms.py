@@ -120,21 +120,26 @@ def test_unknown_names_list_the_valid_ones(convnet):
 
 def test_auto_swaps_where_a_kernel_wins_and_keeps_xla_elsewhere(getkey, tree_allclose):
     x = jax.random.normal(getkey(), (1, 32, 16, 16))
-    weights = [jax.random.normal(getkey(), s) * 0.1 for s in [(32, 32, 3, 3), (32, 1, 3, 3), (32, 32, 3, 3)]]
+    shapes = [(32, 32, 3, 3), (32, 1, 3, 3), (32, 32, 3, 3), (32, 32, 3, 3)]
+    weights = [jax.random.normal(getkey(), s) * 0.1 for s in shapes]
 
     def net(x, w):
         y = _conv(x, w[0])  # 3x3 stride 1, 16x16 out: winograd
         y = _conv(y, w[1], groups=32)  # depthwise
-        return _conv(y, w[2], stride=2)  # strided 3x3: XLA
+        y = _conv(y, w[2], stride=2)  # strided 3x3: im2col + GEMM
+        return lax.conv_general_dilated(  # dilated: not measured, stays with XLA
+            y, w[3], (1, 1), ((2, 2), (2, 2)), rhs_dilation=(2, 2), dimension_numbers=NCHW
+        )
 
     chosen = []
     swapped = swap_backend(net, "auto")
     assert tree_allclose(swapped(x, weights), net(x, weights), rtol=RTOL, atol=ATOL)
     jaxpr = str(jax.make_jaxpr(swapped)(x, weights))
-    assert jaxpr.count("ffi_call") == 2 and jaxpr.count("conv_general_dilated") == 1
-    assert "jtile_conv_winograd" in jaxpr and "jtile_conv_depthwise" in jaxpr
+    assert jaxpr.count("ffi_call") == 3 and jaxpr.count("conv_general_dilated") == 1
+    for kernel in ("winograd", "depthwise", "smm"):
+        assert f"jtile_conv_{kernel}" in jaxpr
     swap_conv2d(net, lambda layer: chosen.append(layer.index) or "auto")(x, weights)
-    assert chosen == [0, 1, 2]
+    assert chosen == [0, 1, 2, 3]
 
 
 @pytest.mark.parametrize("rows, swapped", [(1, True), (8, True), (64, True), (65, False)])
