@@ -36,6 +36,9 @@ struct Im2col final : Operand {
     Run runs[std::max(GEMM_MR, GEMM_NR)];  // a run per row at most; r is MR or NR
     for (int64_t j = 0; j < count; j += r, dst += kc * r) {
       const int rows = (int)std::min<int64_t>(r, count - j);
+#if defined(__AVX512F__)
+      if (gather(k0, kc, i0 + j, rows, r, dst)) continue;
+#endif
       int nruns = 0;
       for (int q = 0; q < rows;) {
         const int64_t i = i0 + j + q, img = i / pixels, p = i % pixels, oy = p / s.ow, ox = p % s.ow;
@@ -46,6 +49,47 @@ struct Im2col final : Operand {
       pack_runs(k0, kc, runs, nruns, r, rows, dst);
     }
   }
+
+#if defined(__AVX512F__)
+  // A strip of at most W rows (pixel rows): each k is one masked gather of
+  // the rows' inputs at that tap; the mask of each tap marks which rows read
+  // the input rather than the padding. False if offsets do not fit int32 or
+  // the window has too many taps for the mask table.
+  bool gather(int64_t k0, int64_t kc, int64_t i0, int rows, int r, float* dst) const {
+    constexpr int64_t kMaxTaps = 256;
+    const int64_t taps = s.kh * s.kw, plane = s.h * s.w, pixels = s.oh * s.ow;
+    if (r > W || taps > kMaxTaps || s.n * s.c * plane >= (int64_t(1) << 31)) return false;
+    alignas(64) int32_t base[W] = {};
+    int64_t iy0[W], ix0[W];
+    for (int q = 0; q < rows; ++q) {
+      const int64_t i = i0 + q, img = i / pixels, p = i % pixels;
+      iy0[q] = p / s.ow * s.sh - s.pt;
+      ix0[q] = p % s.ow * s.sw - s.pl;
+      base[q] = int32_t(img * s.c * plane + iy0[q] * s.w + ix0[q]);
+    }
+    __mmask16 masks[kMaxTaps];
+    int32_t tap_offset[kMaxTaps];
+    for (int64_t t = 0; t < taps; ++t) {
+      const int64_t dy = t / s.kw * s.dh, dx = t % s.kw * s.dw;
+      unsigned m = 0;
+      for (int q = 0; q < rows; ++q) {
+        const int64_t iy = iy0[q] + dy, ix = ix0[q] + dx;
+        if (iy >= 0 && iy < s.h && ix >= 0 && ix < s.w) m |= 1u << q;
+      }
+      masks[t] = __mmask16(m);
+      tap_offset[t] = int32_t(dy * s.w + dx);
+    }
+    const __m512i vbase = _mm512_load_si512(base);
+    const __mmask16 row_mask = vmask(r);
+    for (int64_t kk = 0; kk < kc; ++kk) {
+      const int64_t c = (k0 + kk) / taps, t = (k0 + kk) % taps;
+      const __m512i idx = _mm512_add_epi32(vbase, _mm512_set1_epi32(int32_t(c * plane) + tap_offset[t]));
+      const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), masks[t], idx, x, 4);
+      _mm512_mask_storeu_ps(dst + kk * r, row_mask, v);
+    }
+    return true;
+  }
+#endif
 
   void pack_runs(int64_t k0, int64_t kc, const Run* runs, int nruns, int r, int rows, float* dst) const {
     const int64_t taps = s.kh * s.kw;
@@ -67,10 +111,13 @@ struct Im2col final : Operand {
         const int64_t hi = std::max(lo, std::min<int64_t>(run.len, ix < s.w ? ceil_div(s.w - ix, s.sw) : 0));
         const float* in = run.image + (c * s.h + iy) * s.w + ix;
         std::fill(out, out + lo, 0.0f);
-        if (s.sw == 1)
+        if (s.sw == 1) {
           std::memcpy(out + lo, in + lo, (hi - lo) * sizeof(float));
-        else
-          for (int64_t e = lo; e < hi; ++e) out[e] = in[e * s.sw];
+        } else {
+          int64_t e = lo;
+          for (; e + W <= hi; e += W) vstore(out + e, vload_strided(in + e * s.sw, s.sw));
+          for (; e < hi; ++e) out[e] = in[e * s.sw];
+        }
         std::fill(out + hi, out + run.len, 0.0f);
       }
     }

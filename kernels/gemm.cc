@@ -11,7 +11,11 @@ namespace jtile {
 namespace {
 
 constexpr int MR = GEMM_MR, NV = GEMM_NV, NR = GEMM_NR;
+#ifdef JTILE_GEMM_KC  // for tuning experiments
+constexpr int64_t KC = JTILE_GEMM_KC;
+#else
 constexpr int64_t KC = 256;            // K block
+#endif
 constexpr int64_t NC_STRIPS = 8;       // most B strips per task
 constexpr int64_t MC_STRIPS = 24;      // most A strips per task
 
@@ -45,14 +49,19 @@ inline void store_tile(V (&acc)[MR][NV], const Tile& t) {
     }
 }
 
-// acc = a_strip (kc x MR, k-major) times b_strip (kc x NR), stored into the tile.
-inline void micro_kernel(int64_t kc, const float* __restrict a, const float* __restrict b, const Tile& t) {
+// acc = a_strip (kc x MR, k-major) times b_strip (kc x NR), stored into the
+// tile; meanwhile the next B strip (kc x NR at `next`, or null) is fetched
+// into L2, one k row a step, so weights streaming from memory arrive early.
+inline void micro_kernel(int64_t kc, const float* __restrict a, const float* __restrict b,
+                         const float* next, const Tile& t) {
   V acc[MR][NV];
 #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) acc[r][v] = vzero();
   for (int64_t p = 0; p < kc; ++p, a += MR, b += NR) {
+    if (next != nullptr)
+      for (int l = 0; l < NR; l += 64 / int(sizeof(float))) __builtin_prefetch(next + p * NR + l, 0, 2);
     V bv[NV];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) bv[v] = vload(b + v * W);
@@ -157,22 +166,22 @@ void gemm(ffi::ThreadPool& pool, int64_t m, int64_t n, int64_t k, const Operand&
   const int64_t kblocks = std::max<int64_t>(1, ceil_div(k, KC));
   // A strip s of K block starting at k0 (kc deep).
   int64_t a_stride = 0;
-  Scratch a_buffer;
+  float* a_buffer = nullptr;
   const bool a_packed = a.packed(0, 0, &a_stride) != nullptr;
   if (!a_packed) {
-    a_buffer = make_scratch(strips_m * MR * k);
+    a_buffer = thread_buffer<2>(strips_m * MR * k);
     parallel_for(pool, strips_m, [&](int64_t s) {
       for (int64_t k0 = 0; k0 < k; k0 += KC) {
         const int64_t kc = std::min(KC, k - k0);
         a.pack(k0, kc, s * MR, std::min<int64_t>(MR, m - s * MR), MR,
-               a_buffer.get() + k0 * strips_m * MR + s * kc * MR);
+               a_buffer + k0 * strips_m * MR + s * kc * MR);
       }
     });
   }
   auto a_strip = [&](int64_t k0, int64_t kc, int64_t s) -> const float* {
     int64_t stride;
     if (a_packed) return a.packed(k0, s * MR, &stride);
-    return a_buffer.get() + k0 * strips_m * MR + s * kc * MR;
+    return a_buffer + k0 * strips_m * MR + s * kc * MR;
   };
 
   int64_t unused;
@@ -197,7 +206,11 @@ void gemm(ffi::ThreadPool& pool, int64_t m, int64_t n, int64_t k, const Operand&
         b.pack(k0, kc, n0, nc, NR, bbuf);
         bp = bbuf;
       }
-      for (int64_t j = 0; j < nc_strips; ++j)
+      for (int64_t j = 0; j < nc_strips; ++j) {
+        // Pre-packed B: the strip after this one, in the order this task reads them.
+        const float* next = nullptr;
+        if (bp != bbuf && j + 1 < nc_strips) next = bp + (j + 1) * b_stride;
+        else if (bp != bbuf && kb + 1 < kblocks) next = b.packed(k0 + KC, n0, &b_stride);
         for (int64_t s = s0; s < s1; ++s) {
           const int64_t row = s * MR, col = n0 + j * NR;
           const int rows = (int)std::min<int64_t>(MR, m - row), cols = (int)std::min<int64_t>(NR, n - col);
@@ -207,8 +220,9 @@ void gemm(ffi::ThreadPool& pool, int64_t m, int64_t n, int64_t k, const Operand&
               : Tile{out.c + row * out.ldc + col, out.ldc, rows, cols, kb > 0, kb == kblocks - 1,
                      out.row_bias ? out.row_bias + row : nullptr,
                      out.col_bias ? out.col_bias + col : nullptr, &out.ep};
-          micro_kernel(kc, a_strip(k0, kc, s), bp + j * b_stride, t);
+          micro_kernel(kc, a_strip(k0, kc, s), bp + j * b_stride, s == s0 ? next : nullptr, t);
         }
+      }
     }
     if (out.transposed)
       write_transposed(cbuf, ldb, s0 * MR, std::min(m, s1 * MR) - s0 * MR, n0, nc, out);

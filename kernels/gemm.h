@@ -13,7 +13,7 @@ namespace jtile {
 #if defined(JTILE_GEMM_MR) && defined(JTILE_GEMM_NV)  // for tuning experiments
 constexpr int GEMM_MR = JTILE_GEMM_MR, GEMM_NV = JTILE_GEMM_NV;
 #elif defined(__AVX512F__)
-constexpr int GEMM_MR = 14, GEMM_NV = 2;
+constexpr int GEMM_MR = 7, GEMM_NV = 4;
 #else
 constexpr int GEMM_MR = 6, GEMM_NV = 2;
 #endif
