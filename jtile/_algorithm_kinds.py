@@ -93,35 +93,40 @@ def _conv_support(name: str):
 
 
 def _conv_run(name: str):
-    def run(eqn, x, w, *bias, producers):
+    def run(eqn, x, w, *epilogue_operands, producers):
         lhs_spec, rhs_spec, out_spec = eqn.params["dimension_numbers"]
         geometry = _conv_geometry(eqn)
         del geometry["x_shape"], geometry["w_shape"]
 
         def conv(b, epilogue):
+            if "residual" in epilogue:
+                epilogue = dict(epilogue, residual=_reorder(epilogue["residual"], out_spec))
             y = _kernels().conv2d(
                 _reorder(x, lhs_spec), _reorder(w, rhs_spec), b, algorithm=name, **geometry, **epilogue
             )
             return _restore(y, out_spec)
 
-        return _with_epilogue(eqn, conv, bias, out_axis=out_spec[1])
+        return _with_epilogue(eqn, conv, epilogue_operands, out_axis=out_spec[1])
 
     return run
 
 
-def _with_epilogue(eqn, kernel, bias, out_axis: int):
-    """`kernel(b, epilogue)` with a fused equation's bias and activation folded in
-    when the bias is per output channel, else applied after the kernel in jnp."""
-    if not bias:
+def _with_epilogue(eqn, kernel, operands, out_axis: int):
+    """`kernel(b, epilogue)` with a fused equation's bias, residual and activation
+    folded in when the bias is per output channel, else applied after the
+    kernel in jnp. `operands` are the fused equation's `(bias[, residual])`."""
+    if not operands:
         return kernel(None, {})
-    (bias,) = bias
+    bias, *residual = operands
     activation = eqn.params["activation"]
     out_shape = eqn.outvars[0].aval.shape
     channels = out_shape[out_axis]
     if bias.ndim == 0 or (bias.ndim == len(out_shape) and _per_channel(bias, out_axis, channels)):
         b = jnp.broadcast_to(bias.reshape(-1), (channels,))
-        return kernel(b, _ACTIVATIONS[activation[:1]](*activation[1:]))
-    return activate(kernel(None, {}) + bias, activation)
+        epilogue = _ACTIVATIONS[activation[:1]](*activation[1:])
+        return kernel(b, dict(epilogue, residual=residual[0]) if residual else epilogue)
+    y = kernel(None, {}) + bias
+    return activate(y + residual[0] if residual else y, activation)
 
 
 def _per_channel(bias, axis: int, channels: int) -> bool:

@@ -6,7 +6,9 @@ function always runs, differentiates and vmaps.
 
 Two primitives, both `y = activate(op(lhs, rhs) + bias, activation)`:
 
-- `conv_bias_act_p`, name `"conv_bias_act"`, operands `(x, w, bias)`; params
+- `conv_bias_act_p`, name `"conv_bias_act"`, operands `(x, w, bias)` or
+  `(x, w, bias, residual)`, where `residual` has the output's shape and is
+  added before the activation (a ResNet shortcut); params
   are exactly those of `lax.conv_general_dilated_p` (`window_strides`,
   `padding`, `lhs_dilation`, `rhs_dilation`, `dimension_numbers`,
   `feature_group_count`, `batch_group_count`, `precision`,
@@ -57,8 +59,9 @@ def activate(y, activation: Activation):
     raise ValueError(f"unknown activation {activation!r}")
 
 
-def _conv_bias_act(x, w, bias, *, activation, **conv_params):
-    return activate(lax.conv_general_dilated_p.bind(x, w, **conv_params, out_sharding=None) + bias, activation)
+def _conv_bias_act(x, w, bias, *residual, activation, **conv_params):
+    y = lax.conv_general_dilated_p.bind(x, w, **conv_params, out_sharding=None) + bias
+    return activate(y + residual[0] if residual else y, activation)
 
 
 def _dense(lhs, rhs, bias, *, activation, dimension_numbers, precision, preferred_element_type):
@@ -96,10 +99,11 @@ conv_bias_act_p = _primitive("conv_bias_act", _conv_bias_act)
 dense_p = _primitive("dense", _dense)
 
 
-def conv_bias_act(x, w, bias, *, activation: Activation = (), **conv_params):
+def conv_bias_act(x, w, bias, residual=None, *, activation: Activation = (), **conv_params):
     """Bind `conv_bias_act_p`; `conv_params` are `conv_general_dilated_p`'s params."""
     conv_params.pop("out_sharding", None)
-    return conv_bias_act_p.bind(x, w, bias, activation=tuple(activation), **conv_params)
+    operands = (x, w, bias) if residual is None else (x, w, bias, residual)
+    return conv_bias_act_p.bind(*operands, activation=tuple(activation), **conv_params)
 
 
 def dense(lhs, rhs, bias, *, dimension_numbers, activation: Activation = (), precision=None, preferred_element_type=None):
@@ -112,10 +116,11 @@ def dense(lhs, rhs, bias, *, dimension_numbers, activation: Activation = (), pre
 
 @dataclasses.dataclass(frozen=True)
 class FusedLayer(Layer):
-    """A `Layer` made by fusion: the activation and the bias it carries."""
+    """A `Layer` made by fusion: the activation, the bias and whether it adds a residual."""
 
     activation: Activation = ()
     bias_shape: tuple[int, ...] = ()
+    residual: bool = False
 
 
 class _Operands:
@@ -132,6 +137,7 @@ def _describe_conv(eqn) -> FusedLayer:
         **{f.name: getattr(layer, f.name) for f in dataclasses.fields(Layer)},
         activation=eqn.params["activation"],
         bias_shape=tuple(eqn.invars[2].aval.shape),
+        residual=len(eqn.invars) > 3,
     )
 
 

@@ -223,17 +223,21 @@ class ConvAlgorithm:
     target: str
     support: Callable[[ConvSpec], str | None]
     prepare: Callable[[ConvSpec, jax.Array], tuple[jax.Array, dict]] = lambda spec, w: (w, {})
+    residual: bool = False  # the handler takes a 4th buffer added before the activation
 
 
 _CONV_ALGORITHMS: dict[str, ConvAlgorithm] = {}
 
 
 def register_conv_algorithm(name: str, target: str, symbol: str,
-                            support: Callable[[ConvSpec], str | None], prepare=None) -> None:
-    """Add a conv algorithm whose handler takes (x, prepared weight, bias) and the
-    "conv" and epilogue attributes of `JTILE_CONV_BINDING` (kernels/common.h)."""
+                            support: Callable[[ConvSpec], str | None], prepare=None,
+                            residual: bool = False) -> None:
+    """Add a conv algorithm whose handler takes (x, prepared weight, bias[,
+    residual]) and the "conv" and epilogue attributes of `JTILE_CONV_BINDING`
+    (kernels/common.h); an empty residual buffer means none."""
     _TARGETS[target] = symbol
-    _CONV_ALGORITHMS[name] = ConvAlgorithm(target, support, *(() if prepare is None else (prepare,)))
+    keep = ConvAlgorithm.prepare if prepare is None else prepare
+    _CONV_ALGORITHMS[name] = ConvAlgorithm(target, support, keep, residual)
 
 
 def _any_conv(spec: ConvSpec) -> str | None:
@@ -243,8 +247,9 @@ def _any_conv(spec: ConvSpec) -> str | None:
 def conv2d_reference(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
                      stride: Pair = (1, 1), padding: Padding = ((0, 0), (0, 0)),
                      dilation: Pair = (1, 1), groups: int = 1, activation: str | None = None,
-                     alpha: float = 0.0, clip: Sequence[float] = (0.0, 6.0)) -> jax.Array:
-    """`conv2d` in `lax`: NCHW x, OIHW w, optional bias (O,), fused activation."""
+                     alpha: float = 0.0, clip: Sequence[float] = (0.0, 6.0),
+                     residual: jax.Array | None = None) -> jax.Array:
+    """`conv2d` in `lax`: NCHW x, OIHW w, optional bias (O,) and residual, fused activation."""
     y = lax.conv_general_dilated(
         x, w, tuple(stride), tuple(tuple(p) for p in padding), rhs_dilation=tuple(dilation),
         dimension_numbers=("NCHW", "OIHW", "NCHW"), feature_group_count=groups,
@@ -252,6 +257,8 @@ def conv2d_reference(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
     )
     if b is not None:
         y = y + b[None, :, None, None]
+    if residual is not None:
+        y = y + residual
     return activation_reference(y, activation, alpha, clip)
 
 
@@ -272,16 +279,18 @@ def conv2d_support(algorithm: str, *, x_shape: Sequence[int], w_shape: Sequence[
 def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm: str = "direct",
            stride: Pair = (1, 1), padding: Padding = ((0, 0), (0, 0)), dilation: Pair = (1, 1),
            groups: int = 1, activation: str | None = None, alpha: float = 0.0,
-           clip: Sequence[float] = (0.0, 6.0)) -> jax.Array:
-    """2-D convolution by the C kernel `algorithm`, with bias and activation fused.
+           clip: Sequence[float] = (0.0, 6.0), residual: jax.Array | None = None) -> jax.Array:
+    """2-D convolution by the C kernel `algorithm`, with bias, residual and activation fused.
 
-    `x` NCHW, `w` OIHW `(O, C/groups, KH, KW)`, `b` `(O,)` or None; `activation`
-    one of None, "relu", "relu6", "clip" (to `clip=(lo, hi)`), "leaky_relu"
+    `x` NCHW, `w` OIHW `(O, C/groups, KH, KW)`, `b` `(O,)` or None;
+    `residual`, of the output's shape, is added before the activation (fused
+    in "smm" and "winograd", added in jnp after the others); `activation` one
+    of None, "relu", "relu6", "clip" (to `clip=(lo, hi)`), "leaky_relu"
     (slope `alpha`). Raises `UnsupportedError` naming why if the algorithm
     cannot run this layer (see `conv2d_support`).
     """
     _check_activation("conv2d", activation)
-    _require_float32("conv2d", x=x, w=w, b=b)
+    _require_float32("conv2d", x=x, w=w, b=b, residual=residual)
     config = dict(stride=tuple(int(s) for s in stride), padding=_padding(padding),
                   dilation=tuple(int(d) for d in dilation), groups=int(groups))
     reason = conv2d_support(algorithm, x_shape=jnp.shape(x), w_shape=jnp.shape(w),
@@ -291,24 +300,35 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
     if b is not None and jnp.shape(b) != (jnp.shape(w)[0],):
         raise ConfigError(f"conv2d: bias must have shape ({jnp.shape(w)[0]},), got {jnp.shape(b)}")
     spec = ConvSpec(jnp.shape(x), jnp.shape(w), dtype=np.dtype(np.float32), **config)
+    algo = _CONV_ALGORITHMS[algorithm]
+    if residual is not None and jnp.shape(residual) != spec.out_shape:
+        raise ConfigError(f"conv2d: residual must have the output's shape {spec.out_shape}, "
+                          f"got {jnp.shape(residual)}")
+    if residual is not None and not algo.residual:
+        y = conv2d(x, w, b, algorithm=algorithm, **config)
+        return activation_reference(y + residual, activation, alpha, clip)
     (pt, pb), (pl, pr) = spec.padding
     attrs = dict(
         conv=np.array([*spec.stride, pt, pb, pl, pr, *spec.dilation, spec.groups], np.int64),
         **_epilogue_attrs(activation, alpha, clip),
     )
     out = jax.ShapeDtypeStruct(spec.out_shape, jnp.float32)
-    algo = _CONV_ALGORITHMS[algorithm]
     b = jnp.zeros(spec.w_shape[0], jnp.float32) if b is None else b
     with _eager_if_known(w):
         weight, extra = algo.prepare(spec, w)
 
-    def kernel(x, w, b, weight):
-        return _call(algo.target, out, x, weight, b, vmap_method="sequential", **attrs, **extra)
+    def kernel(x, w, b, *rest):
+        *res, weight = rest
+        if algo.residual:
+            res = res or [jnp.zeros((0,), jnp.float32)]
+        return _call(algo.target, out, x, weight, b, *res, vmap_method="sequential", **attrs, **extra)
 
-    def reference(*arrays):
-        return conv2d_reference(*arrays, **config, activation=activation, alpha=alpha, clip=clip)
+    def reference(x, w, b, *res):
+        return conv2d_reference(x, w, b, **config, activation=activation, alpha=alpha, clip=clip,
+                                residual=res[0] if res else None)
 
-    return _with_reference_vjp(kernel, reference, derived=1)(x, w, b, weight)
+    operands = (x, w, b) if residual is None else (x, w, b, residual)
+    return _with_reference_vjp(kernel, reference, derived=1)(*operands, weight)
 
 
 def _eager_if_known(w):
@@ -370,7 +390,7 @@ def _smm_prepare(spec: ConvSpec, w: jax.Array) -> tuple[jax.Array, dict]:
 
 
 register_conv_algorithm("direct", "jtile_conv_direct", "JtileConvDirect", _any_conv)
-register_conv_algorithm("smm", "jtile_conv_smm", "JtileConvSmm", _any_conv, _smm_prepare)
+register_conv_algorithm("smm", "jtile_conv_smm", "JtileConvSmm", _any_conv, _smm_prepare, residual=True)
 
 # ------------------------------------------------------------- more kernels
 # How to add a kernel (K2: winograd and depthwise go here):
@@ -409,7 +429,8 @@ def _depthwise_support(spec: ConvSpec) -> str | None:
     return None
 
 
-register_conv_algorithm("winograd", "jtile_conv_winograd", "JtileConvWinograd", _winograd_support)
+register_conv_algorithm("winograd", "jtile_conv_winograd", "JtileConvWinograd", _winograd_support,
+                        residual=True)
 register_conv_algorithm("depthwise", "jtile_conv_depthwise", "JtileConvDepthwise", _depthwise_support)
 
 # ----------------------------------------------------------------- end more

@@ -51,8 +51,17 @@ inline V vleaky(V x, float alpha) {
   __mmask16 neg = _mm512_cmp_ps_mask(x.v, _mm512_setzero_ps(), _CMP_LT_OQ);
   return {_mm512_mask_mul_ps(x.v, neg, x.v, _mm512_set1_ps(alpha))};
 }
+// max(a, b) that is NaN when either is (jnp.maximum's rule).
+inline V vmax_nan(V a, V b) {
+  const __m512 m = _mm512_max_ps(b.v, a.v);  // a when either is NaN
+  return {_mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(b.v, b.v, _CMP_UNORD_Q), b.v)};
+}
 inline V vload_strided(const float* p, int64_t stride) {
   if (stride == 1) return vload(p);
+  if (stride == 2) {  // even lanes of two vectors (reads one float past the last used)
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    return {_mm512_permutex2var_ps(_mm512_loadu_ps(p), even, _mm512_maskz_loadu_ps(0x7fff, p + 16))};
+  }
   const __m512i idx = _mm512_mullo_epi32(
       _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
       _mm512_set1_epi32((int)stride));
@@ -79,6 +88,10 @@ inline V vleaky(V x, float alpha) {
   __m256 neg = _mm256_cmp_ps(x.v, _mm256_setzero_ps(), _CMP_LT_OQ);
   return {_mm256_blendv_ps(x.v, _mm256_mul_ps(x.v, _mm256_set1_ps(alpha)), neg)};
 }
+inline V vmax_nan(V a, V b) {
+  const __m256 m = _mm256_max_ps(b.v, a.v);  // a when either is NaN
+  return {_mm256_blendv_ps(m, b.v, _mm256_cmp_ps(b.v, b.v, _CMP_UNORD_Q))};
+}
 inline V vload_strided(const float* p, int64_t stride) {
   if (stride == 1) return vload(p);
   const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
@@ -104,6 +117,7 @@ inline V vfma(V a, V b, V c) { JTILE_LANES(a.v[i] * b.v[i] + c.v[i]); }
 inline V vclamp_lo(V x, float lo) { JTILE_LANES(x.v[i] < lo ? lo : x.v[i]); }
 inline V vclamp_hi(V x, float hi) { JTILE_LANES(x.v[i] > hi ? hi : x.v[i]); }
 inline V vleaky(V x, float alpha) { JTILE_LANES(x.v[i] < 0.0f ? alpha * x.v[i] : x.v[i]); }
+inline V vmax_nan(V a, V b) { JTILE_LANES(a.v[i] != a.v[i] || b.v[i] > a.v[i] || b.v[i] != b.v[i] ? (a.v[i] != a.v[i] ? a.v[i] : b.v[i]) : a.v[i]); }
 inline V vload_strided(const float* p, int64_t stride) { JTILE_LANES(p[i * stride]); }
 #undef JTILE_LANES
 #endif
@@ -124,7 +138,8 @@ inline Scratch make_scratch(int64_t count) {
 
 // ---------------------------------------------------------------------------
 // parallel_for(pool, n, fn): call fn(i) for i in [0, n) on the calling thread
-// and up to pool.num_threads() pool tasks. Indices are claimed from a shared
+// and up to pool.num_threads() - 1 pool tasks (the pool has a thread per
+// core and the calling thread computes too, so no core is oversubscribed). Indices are claimed from a shared
 // counter, so the result is correct whether the pool runs tasks concurrently,
 // later, or inline inside Schedule. The caller waits only for indices that
 // were claimed; a task that starts after all work is done touches nothing but
@@ -150,7 +165,7 @@ struct ForState {
 template <typename F>
 void parallel_for(ffi::ThreadPool& pool, int64_t n, F&& fn) {
   if (n <= 0) return;
-  int64_t helpers = std::min<int64_t>(pool.num_threads(), n - 1);
+  int64_t helpers = std::min<int64_t>(pool.num_threads() - 1, n - 1);
   if (helpers <= 0) {
     for (int64_t i = 0; i < n; ++i) fn(i);
     return;

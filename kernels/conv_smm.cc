@@ -124,7 +124,7 @@ struct Im2col final : Operand {
   }
 };
 
-ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b,
+ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, F32Buffer res,
                    ffi::Span<const int64_t> attr, ffi::Span<const int64_t> kernel,
                    int64_t pixel_rows, int64_t act, float alpha, float lo, float hi, F32Result y) {
   auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
@@ -148,20 +148,25 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b,
                   s.oh == (s.h + s.pt + s.pb - s.dh * (s.kh - 1) - 1) / s.sh + 1 &&
                   s.ow == (s.w + s.pl + s.pr - s.dw * (s.kw - 1) - 1) / s.sw + 1;
   if (!ok) return ffi::Error::InvalidArgument("jtile smm: inconsistent shapes, packing or attributes");
+  const bool has_residual = res.element_count() > 0;
+  if (has_residual && res.element_count() != y->element_count())
+    return ffi::Error::InvalidArgument("jtile smm: the residual must be empty or have the output's shape");
   const bool pointwise = s.kh == 1 && s.kw == 1 && s.sh == 1 && s.sw == 1 &&
                          s.pt + s.pb + s.pl + s.pr == 0;
   for (int64_t g = 0; g < s.groups; ++g) {
     const Prepacked wg(w.typed_data() + g * wd[1] * taps * r, taps, r);
     const float* bias = b.typed_data() + g * og;
     float* yg = y->typed_data() + g * og * pixels;
+    const float* rg = has_residual ? res.typed_data() + g * og * pixels : nullptr;
     if (pixel_rows) {
-      GemmOutput out{yg, pixels, nullptr, bias, ep, true, pixels, s.o * pixels};
+      GemmOutput out{yg, pixels, nullptr, bias, ep, rg, true, pixels, s.o * pixels};
       gemm(pool, s.n * pixels, og, taps, Im2col(s, x.typed_data() + g * s.cg * s.h * s.w), wg, out);
       continue;
     }
     for (int64_t n = 0; n < s.n; ++n) {
       const float* xg = x.typed_data() + (n * s.c + g * s.cg) * s.h * s.w;
-      GemmOutput out{yg + n * s.o * pixels, pixels, bias, nullptr, ep};
+      GemmOutput out{yg + n * s.o * pixels, pixels, bias, nullptr, ep,
+                     rg ? rg + n * s.o * pixels : nullptr};
       if (pointwise)
         gemm(pool, og, pixels, taps, wg, Columns(xg, pixels), out);
       else
@@ -183,6 +188,7 @@ extern "C" void JtileGemmTile(int64_t* tile) {
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JtileConvSmm, jtile::ConvSmm,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::ThreadPool>()
+                                  .Arg<jtile::F32Buffer>()
                                   .Arg<jtile::F32Buffer>()
                                   .Arg<jtile::F32Buffer>()
                                   .Arg<jtile::F32Buffer>()

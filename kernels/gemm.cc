@@ -27,6 +27,7 @@ struct Tile {
   const float* row_bias;               // already offset to the tile, or null
   const float* col_bias;
   const Epilogue* ep;
+  const float* residual;               // at the tile, as c, or null
 };
 
 template <bool Full>
@@ -43,6 +44,10 @@ inline void store_tile(V (&acc)[MR][NV], const Tile& t) {
         if (t.row_bias) x = vadd(x, vset1(t.row_bias[r]));
         if (t.col_bias)
           x = vadd(x, lanes == W ? vload(t.col_bias + v * W) : vload_partial(t.col_bias + v * W, lanes));
+        if (t.residual) {
+          const float* q = t.residual + r * t.ldc + v * W;
+          x = vadd(x, lanes == W ? vload(q) : vload_partial(q, lanes));
+        }
         x = (*t.ep)(x);
       }
       if (lanes == W) vstore(p, x); else vstore_partial(p, x, lanes);
@@ -117,11 +122,12 @@ void write_transposed(const float* buf, int64_t ldb, int64_t i0, int64_t rows, i
                       int64_t cols, const GemmOutput& out) {
   for (int64_t i = 0; i < rows; ++i) {
     const int64_t row = i0 + i;
-    float* dst = out.c + row / out.block * out.block_stride + row % out.block + j0 * out.ldc;
+    const int64_t at = row / out.block * out.block_stride + row % out.block + j0 * out.ldc;
     const float rb = out.row_bias ? out.row_bias[row] : 0.0f;
     for (int64_t j = 0; j < cols; ++j) {
       const float cb = out.col_bias ? out.col_bias[j0 + j] : 0.0f;
-      dst[j * out.ldc] = out.ep(buf[i * ldb + j] + rb + cb);
+      const float res = out.residual ? out.residual[at + j * out.ldc] : 0.0f;
+      out.c[at + j * out.ldc] = out.ep(buf[i * ldb + j] + rb + cb + res);
     }
   }
 }
@@ -216,10 +222,11 @@ void gemm(ffi::ThreadPool& pool, int64_t m, int64_t n, int64_t k, const Operand&
           const int rows = (int)std::min<int64_t>(MR, m - row), cols = (int)std::min<int64_t>(NR, n - col);
           Tile t = out.transposed
               ? Tile{cbuf + (s - s0) * MR * ldb + j * NR, ldb, rows, cols, kb > 0, false,
-                     nullptr, nullptr, &out.ep}
+                     nullptr, nullptr, &out.ep, nullptr}
               : Tile{out.c + row * out.ldc + col, out.ldc, rows, cols, kb > 0, kb == kblocks - 1,
                      out.row_bias ? out.row_bias + row : nullptr,
-                     out.col_bias ? out.col_bias + col : nullptr, &out.ep};
+                     out.col_bias ? out.col_bias + col : nullptr, &out.ep,
+                     out.residual ? out.residual + row * out.ldc + col : nullptr};
           micro_kernel(kc, a_strip(k0, kc, s), bp + j * b_stride, s == s0 ? next : nullptr, t);
         }
       }

@@ -66,7 +66,9 @@ struct GemmOutput {
   const float* row_bias;  // (M,) added along rows, or null
   const float* col_bias;  // (N,) added along columns, or null
   Epilogue ep;
+  const float* residual = nullptr;  // laid out as c, added before ep, or null
   // Transposed: C[i][j] goes to c[i / block * block_stride + j * ldc + i % block]
+  // (and the residual is read there)
   // (conv: i = (image, pixel) with block = pixels, j = output channel).
   bool transposed = false;
   int64_t block = 0, block_stride = 0;

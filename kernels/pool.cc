@@ -29,14 +29,17 @@ ffi::Error decode_pool(const F32Buffer& x, ffi::Span<const int64_t> a, F32Result
 
 // For each output row of each plane: acc[ox] = reduce over the window taps
 // inside the input, starting from `init`; then finish(acc, oy, plane_out).
+// `combine` takes (float, float) and (V, V); the sweep along a row is
+// vectorised, W output columns at a time.
 template <typename Combine, typename Finish>
 void pool_rows(ffi::ThreadPool& pool, const PoolShape& p, const float* x, float init,
                Combine combine, Finish finish) {
   parallel_for(pool, p.planes, [&](int64_t plane) {
-    std::vector<float> acc(p.ow);
+    std::vector<float> buffer(p.ow);
+    float* acc = buffer.data();
     const float* in = x + plane * p.h * p.w;
     for (int64_t oy = 0; oy < p.oh; ++oy) {
-      std::fill(acc.begin(), acc.end(), init);
+      std::fill(acc, acc + p.ow, init);
       for (int64_t ky = 0; ky < p.kh; ++ky) {
         int64_t iy = oy * p.sh + ky - p.pt;
         if (iy < 0 || iy >= p.h) continue;
@@ -46,10 +49,15 @@ void pool_rows(ffi::ThreadPool& pool, const PoolShape& p, const float* x, float 
           int64_t off = kx - p.pl;
           int64_t lo = off >= 0 ? 0 : ceil_div(-off, p.sw);
           int64_t hi = std::min(p.ow, p.w - off > 0 ? ceil_div(p.w - off, p.sw) : 0);
-          for (int64_t ox = lo; ox < hi; ++ox) acc[ox] = combine(acc[ox], row[ox * p.sw + off]);
+          const float* base = row + off;
+          int64_t ox = lo;
+          // A vector reads inputs up to (W - 1) * sw past its first: keep them in the row.
+          for (; ox + W <= hi && (ox + W - 1) * p.sw + off < p.w; ox += W)
+            vstore(acc + ox, combine(vload(acc + ox), vload_strided(base + ox * p.sw, p.sw)));
+          for (; ox < hi; ++ox) acc[ox] = combine(acc[ox], base[ox * p.sw]);
         }
       }
-      finish(acc.data(), plane, oy);
+      finish(acc, plane, oy);
     }
   });
 }
@@ -64,7 +72,10 @@ ffi::Error MaxPool(ffi::ThreadPool pool, F32Buffer x, ffi::Span<const int64_t> a
   PoolShape p;
   if (auto e = decode_pool(x, attr, y, &p); e.failure()) return e;
   float* out = y->typed_data();
-  auto combine = [](float a, float v) { return (v > a || std::isnan(v)) && !std::isnan(a) ? v : a; };
+  struct {
+    float operator()(float a, float v) const { return (v > a || std::isnan(v)) && !std::isnan(a) ? v : a; }
+    V operator()(V a, V v) const { return vmax_nan(a, v); }
+  } combine;
   pool_rows(pool, p, x.typed_data(), -std::numeric_limits<float>::infinity(), combine,
             [&](const float* acc, int64_t plane, int64_t oy) {
               std::memcpy(out + (plane * p.oh + oy) * p.ow, acc, p.ow * sizeof(float));
@@ -77,7 +88,10 @@ ffi::Error AvgPool(ffi::ThreadPool pool, F32Buffer x, ffi::Span<const int64_t> a
   PoolShape p;
   if (auto e = decode_pool(x, attr, y, &p); e.failure()) return e;
   float* out = y->typed_data();
-  auto combine = [](float a, float v) { return a + v; };
+  struct {
+    float operator()(float a, float v) const { return a + v; }
+    V operator()(V a, V v) const { return vadd(a, v); }
+  } combine;
   pool_rows(pool, p, x.typed_data(), 0.0f, combine, [&](const float* acc, int64_t plane, int64_t oy) {
     float* dst = out + (plane * p.oh + oy) * p.ow;
     int64_t rows = taps_inside(oy, p.sh, p.kh, p.pt, p.h);

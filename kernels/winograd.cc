@@ -87,8 +87,10 @@ inline void deinterleave6(const float* p, V d[6]) {
 #endif
 }
 
-// Inverse of the first four phases: p[4 t + j] = o[j] lane t, 4 W values.
-inline void store_interleaved4(const V o[4], float* p, int64_t count) {
+// Inverse of the first four phases: p[4 t + j] = ep(o[j] lane t + res[4 t + j]),
+// `count` of the 4 W values (res may be null).
+inline void store_interleaved4(const V o[4], float* p, int64_t count, const Epilogue& ep,
+                               const float* res) {
 #if defined(__AVX512F__)
   alignas(64) static const int pair_lo[16] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
   alignas(64) static const int quad0[16] = {0, 1, 16, 17, 2, 3, 18, 19, 4, 5, 20, 21, 6, 7, 22, 23};
@@ -112,8 +114,12 @@ inline void store_interleaved4(const V o[4], float* p, int64_t count) {
 #endif
   for (int q = 0; q < 4; ++q) {
     int64_t n = std::min<int64_t>(count - q * W, W);
-    if (n >= W) vstore(p + q * W, z[q]);
-    else if (n > 0) vstore_partial(p + q * W, z[q], int(n));
+    if (n <= 0) break;
+    V v = z[q];
+    if (res) v = vadd(v, n >= W ? vload(res + q * W) : vload_partial(res + q * W, int(n)));
+    v = ep(v);
+    if (n >= W) vstore(p + q * W, v);
+    else vstore_partial(p + q * W, v, int(n));
   }
 }
 
@@ -333,9 +339,10 @@ void multiply(const Plan& p, const WeightView& u, const float* v, int64_t b, flo
   }
 }
 
-// y = act(A^T M A + bias) for output channels [p0 kMR, p1 kMR) of block b.
+// y = act(A^T M A + bias + res) for output channels [p0 kMR, p1 kMR) of block b
+// (res laid out as y, or null).
 void transform_output(const Plan& p, const float* m, int64_t b, int64_t p0, int64_t p1,
-                      const float* bias, const Epilogue& ep, float* y) {
+                      const float* bias, const float* res, const Epilogue& ep, float* y) {
   const ConvShape& s = p.s;
   const int64_t rows_per_k = (p1 - p0) * kMR;
   const int64_t o_end = std::min(p1 * kMR, s.o);
@@ -357,15 +364,16 @@ void transform_output(const Plan& p, const float* m, int64_t b, int64_t p0, int6
           if (row >= s.oh) break;
           V out[4];
           output_1d(q[a], out);
-          for (int j = 0; j < 4; ++j) out[j] = ep(vadd(out[j], bo));
-          store_interleaved4(out, y + ((n * s.o + o) * s.oh + row) * s.ow + col0, ncols);
+          for (int j = 0; j < 4; ++j) out[j] = vadd(out[j], bo);
+          const int64_t at = ((n * s.o + o) * s.oh + row) * s.ow + col0;
+          store_interleaved4(out, y + at, ncols, ep, res ? res + at : nullptr);
         }
       }
     });
   }
 }
 
-ffi::Error ConvWinograd(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b,
+ffi::Error ConvWinograd(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, F32Buffer r,
                         ffi::Span<const int64_t> attr, int64_t act, float alpha, float lo,
                         float hi, F32Result y) {
   Plan p;
@@ -383,7 +391,10 @@ ffi::Error ConvWinograd(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffe
   p.panels = ceil_div(s.o, kMR);
   const int64_t workers = std::max<int64_t>(1, pool.num_threads());
   p.by_block = p.blocks >= 4 * workers || s.c == 0;  // (no input channels: y = act(bias))
+  if (r.element_count() != 0 && r.element_count() != y->element_count())
+    return ffi::Error::InvalidArgument("jtile winograd: the residual must be empty or have the output's shape");
   const float *xs = x.typed_data(), *ws = w.typed_data(), *bias = b.typed_data();
+  const float* res = r.element_count() ? r.typed_data() : nullptr;
   float* ys = y->typed_data();
   const int64_t zeros_size = s.w + W;
 
@@ -397,7 +408,7 @@ ffi::Error ConvWinograd(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffe
       transform_input(p, xs, blk, 0, s.c, v, tls.get(0, 6 * p.t_stride()), tls.get(1, zeros_size));
       float* m = tls.get(3, p.m_size(p.panels));
       multiply(p, u, v, blk, m, false);
-      transform_output(p, m, blk, 0, p.panels, bias, ep, ys);
+      transform_output(p, m, blk, 0, p.panels, bias, res, ep, ys);
     });
     return ffi::Error::Success();
   }
@@ -423,7 +434,7 @@ ffi::Error ConvWinograd(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffe
         multiply(p, u, shared_v + blk * p.v_size(), blk, m + blk * p.m_size(nq), c0 > 0);
     }
     for (int64_t blk = 0; blk < p.blocks; ++blk)
-      transform_output(p, m + blk * p.m_size(nq), blk, q0, q0 + nq, bias, ep, ys);
+      transform_output(p, m + blk * p.m_size(nq), blk, q0, q0 + nq, bias, res, ep, ys);
   });
   return ffi::Error::Success();
 }
@@ -431,4 +442,13 @@ ffi::Error ConvWinograd(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffe
 }  // namespace
 }  // namespace jtile
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JtileConvWinograd, jtile::ConvWinograd, JTILE_CONV_BINDING);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JtileConvWinograd, jtile::ConvWinograd,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::ThreadPool>()
+                                  .Arg<jtile::F32Buffer>()
+                                  .Arg<jtile::F32Buffer>()
+                                  .Arg<jtile::F32Buffer>()
+                                  .Arg<jtile::F32Buffer>()
+                                  .Attr<xla::ffi::Span<const int64_t>>("conv")
+                                  .JTILE_EPILOGUE_ATTRS
+                                  .Ret<jtile::F32Buffer>());

@@ -159,6 +159,47 @@ def test_conv_bias_act_one_op(conv_params, tree_allclose, act, expected):
     assert _same(fused, model, conv_params, x, tree_allclose=tree_allclose, rtol=1e-5, atol=1e-5)
 
 
+def _residual_block(p, x, downsample: bool):
+    """A ResNet basic block: conv-bias-relu, conv-bias, + shortcut, relu."""
+    bias = lambda name: p[name].reshape(1, -1, 1, 1)  # noqa: E731
+    y = jax.nn.relu(_conv(x, p["w1"]) + bias("b1"))
+    y = _conv(y, p["w2"]) + bias("b2")
+    shortcut = _conv(x, p["wd"]) + bias("bd") if downsample else x
+    return jax.nn.relu(y + shortcut)
+
+
+@pytest.mark.parametrize("downsample", [False, True])
+def test_residual_add_joins_the_conv_before_its_activation(tree_allclose, downsample):
+    c = 6
+    p = {k: _normal(c, c, 3, 3, seed=i) * 0.2 for i, k in enumerate(("w1", "w2", "wd"))}
+    p.update({k: _normal(c, seed=9 + i) for i, k in enumerate(("b1", "b2", "bd"))})
+    x = _normal(2, c, 8, 8, seed=5)
+    block = lambda p, x: _residual_block(p, x, downsample)  # noqa: E731
+    fused = fusion.conv_bias_act(block)
+    convs = [e for e in iter_eqns(make_jaxpr(fused, p, x).jaxpr) if e.primitive.name == "conv_bias_act"]
+    assert len(convs) == (3 if downsample else 2)
+    assert [describe(e).residual for e in convs].count(True) == 1
+    assert not {"add", "max"} & set(_activation_ops(fused, p, x, shape=(2, c, 8, 8)))
+    assert _same(fused, block, p, x, tree_allclose=tree_allclose, rtol=1e-5, atol=1e-5)
+    swapped = jtile.swap_backend(fused, "auto")
+    assert tree_allclose(jax.jit(swapped)(p, x), jax.jit(block)(p, x), rtol=1e-4, atol=1e-4)
+    assert jax.make_jaxpr(swapped)(p, x).pretty_print().count("ffi_call") == len(convs)
+
+
+def test_residual_is_not_taken_after_the_activation(tree_allclose):
+    c = 6
+    p = {"w1": _normal(c, c, 3, 3) * 0.2, "b1": _normal(c, seed=1)}
+    x = _normal(2, c, 8, 8, seed=2)
+
+    def model(p, x):
+        return jax.nn.relu(_conv(x, p["w1"]) + p["b1"].reshape(1, -1, 1, 1)) + x
+
+    fused = fusion.conv_bias_act(model)
+    (conv,) = [e for e in iter_eqns(make_jaxpr(fused, p, x).jaxpr) if e.primitive.name == "conv_bias_act"]
+    assert not describe(conv).residual and conv.params["activation"] == ("relu",)
+    assert _same(fused, model, p, x, tree_allclose=tree_allclose, rtol=1e-5, atol=1e-5)
+
+
 def test_shared_values_are_not_fused(conv_params, tree_allclose):
     x = _normal(2, 3, 8, 8)
 

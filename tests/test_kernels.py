@@ -52,7 +52,7 @@ def _conv_case(draw):
         x_shape=(n, cg * groups, h, w), w_shape=(og * groups, cg, kh, kw),
         config=dict(stride=stride, padding=padding, dilation=dilation, groups=groups),
         activation=draw(st.sampled_from(ACTIVATIONS)), bias=draw(st.booleans()),
-        seed=draw(st.integers(0, 2**16)),
+        residual=draw(st.booleans()), seed=draw(st.integers(0, 2**16)),
     )
 
 
@@ -67,8 +67,34 @@ def test_conv2d_matches_reference(algorithm, case):
     x, w = _normal(rng, case["x_shape"]), _normal(rng, case["w_shape"])
     b = _normal(rng, case["w_shape"][0]) if case["bias"] else None
     kw = dict(**case["config"], activation=case["activation"], **EPILOGUE)
+    if case["residual"]:
+        kw["residual"] = _normal(rng, kernels.conv2d_reference(x, w, **case["config"]).shape)
     got = kernels.conv2d(x, w, b, algorithm=algorithm, **kw)
     np.testing.assert_allclose(got, kernels.conv2d_reference(x, w, b, **kw), **TOL)
+
+
+@pytest.mark.parametrize(
+    "x_shape, w_shape, stride, pixel_rows",
+    [
+        ((2, 64, 7, 9), (256, 64, 3, 3), 1, True),  # few pixels, many channels: 3 K blocks, batch 2
+        ((1, 40, 15, 15), (128, 40, 3, 3), 2, True),  # strided, 8x8 out
+        ((2, 40, 20, 20), (96, 40, 3, 3), 1, False),  # 400 pixels
+        ((1, 96, 7, 7), (160, 96, 1, 1), 1, False),  # 1x1: x itself is the packed operand
+    ],
+)
+def test_smm_orientations_fuse_bias_residual_and_activation(x_shape, w_shape, stride, pixel_rows):
+    rng = np.random.default_rng(3)
+    x, w, b = _normal(rng, x_shape), _normal(rng, w_shape) * 0.1, _normal(rng, w_shape[0])
+    pad = w_shape[2] // 2
+    config = dict(stride=(stride, stride), padding=((pad, pad), (pad, pad)))
+    out = kernels.conv2d_reference(x, w, **config)
+    spec = kernels.ConvSpec(x_shape, w_shape, dilation=(1, 1), groups=1, dtype=np.dtype(np.float32),
+                            **{k: tuple(v) for k, v in config.items()})
+    assert kernels.smm_pixel_rows(spec) == pixel_rows
+    residual = _normal(rng, out.shape)
+    kw = dict(**config, activation="leaky_relu", alpha=0.1, residual=residual)
+    got = kernels.conv2d(x, w, b, algorithm="smm", **kw)
+    np.testing.assert_allclose(got, kernels.conv2d_reference(x, w, b, **kw), rtol=1e-4, atol=3e-4)
 
 
 @pytest.mark.parametrize("algorithm", ["direct", "smm"])
@@ -247,6 +273,8 @@ def test_bad_arguments_raise_config_error():
     x = jnp.ones((1, 2, 5, 5))
     with pytest.raises(jtile.ConfigError, match="unknown activation 'gelu'"):
         kernels.conv2d(x, jnp.ones((3, 2, 3, 3)), activation="gelu")
+    with pytest.raises(jtile.ConfigError, match=r"residual must have the output's shape \(1, 3, 3, 3\)"):
+        kernels.conv2d(x, jnp.ones((3, 2, 3, 3)), algorithm="smm", residual=jnp.ones((1, 3, 5, 5)))
     with pytest.raises(jtile.ConfigError, match="do not chain"):
         kernels.dense(jnp.ones((2, 3)), jnp.ones((4, 5)))
     with pytest.raises(jtile.ConfigError, match="does not fit"):

@@ -39,9 +39,9 @@ def _normal(rng, shape):
     return rng.standard_normal(shape).astype(np.float32)
 
 
-def _assert_close(algorithm, got, x, w, b, *, activation=None, **config):
+def _assert_close(algorithm, got, x, w, b, *, activation=None, residual=None, **config):
     """Winograd within 1e-4 of the conv output's magnitude, depthwise within 1e-5."""
-    want = kernels.conv2d_reference(x, w, b, activation=activation, **config, **EPILOGUE)
+    want = kernels.conv2d_reference(x, w, b, activation=activation, residual=residual, **config, **EPILOGUE)
     if algorithm == "depthwise":
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     else:
@@ -70,7 +70,7 @@ def conv_cases(draw, algorithm):
         w_shape=(out_channels, channels // groups, *kernel),
         config=dict(stride=stride, padding=padding, dilation=dilation, groups=groups),
         activation=draw(st.sampled_from(ACTIVATIONS)), bias=draw(st.booleans()),
-        seed=draw(st.integers(0, 2**16)),
+        residual=draw(st.booleans()), seed=draw(st.integers(0, 2**16)),
     )
 
 
@@ -83,6 +83,8 @@ def test_conv_fast_matches_reference(algorithm, data):
     x, w = _normal(rng, case["x_shape"]), _normal(rng, case["w_shape"])
     b = _normal(rng, case["w_shape"][0]) if case["bias"] else None
     kw = dict(**case["config"], activation=case["activation"])
+    if case["residual"]:  # fused by winograd, added after the kernel for depthwise
+        kw["residual"] = _normal(rng, kernels.conv2d_reference(x, w, **case["config"]).shape)
     got = kernels.conv2d(x, w, b, algorithm=algorithm, **kw, **EPILOGUE)
     _assert_close(algorithm, got, x, w, b, **kw)
 
@@ -99,8 +101,9 @@ def test_winograd_large_layers_match_reference(x_shape, out_channels):
     x, w = _normal(rng, x_shape), _normal(rng, (out_channels, x_shape[1], 3, 3))
     b = _normal(rng, out_channels)
     config = dict(padding=((1, 1), (2, 0)), activation="relu")
-    got = jax.jit(lambda x, w, b: kernels.conv2d(x, w, b, algorithm="winograd", **config))(x, w, b)
-    _assert_close("winograd", got, x, w, b, **config)
+    r = _normal(rng, kernels.conv2d_reference(x, w, padding=config["padding"]).shape)
+    run = jax.jit(lambda x, w, b, r: kernels.conv2d(x, w, b, algorithm="winograd", residual=r, **config))
+    _assert_close("winograd", run(x, w, b, r), x, w, b, residual=r, **config)
 
 
 def _with_non_finite(rng, shape):

@@ -180,3 +180,20 @@ def test_imported_alexnet_split_and_fused_round_trip():
     want = jax.jit(model.fn)(params, x)
     assert np.abs(want).min() > 1.0
     np.testing.assert_allclose(_run(exported, x)[0], want, rtol=1e-4, atol=1e-6 * np.abs(want).max())
+
+
+def test_fused_resnet18_with_residuals_round_trips_through_onnxruntime():
+    """`fold_params` fuses every shortcut into its conv; the export is plain Conv, Add, Relu."""
+    from jtile import models
+
+    fn, params = models.as_function(models.get("resnet18", jax.random.key(0)))
+    x = np.asarray(jax.random.normal(jax.random.key(1), (1, 3, 64, 64)))
+    folded = fusion.fold_params(fn, params)
+    fused = [e for e in jax.make_jaxpr(folded)(x).jaxpr.eqns if e.primitive.name == "conv_bias_act"]
+    assert sum(len(e.invars) == 4 for e in fused) == 8  # the eight basic blocks' shortcuts
+    exported = jtile.onnx.export(folded, x)
+    (got,) = _run(exported, x)
+    want = np.asarray(jax.jit(fn)(params, x))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.max(np.abs(want))))
+    ops = [n.op_type for n in exported.graph.node]
+    assert ops.count("Conv") == 20 and ops.count("Add") == 8 + 1  # shortcuts, classifier bias

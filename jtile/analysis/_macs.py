@@ -140,15 +140,15 @@ def _sub_jaxprs_macs(eqn) -> tuple[Counter, set]:
     return total, uncounted
 
 
-def _epilogue(eqn, has_bias: bool, activation) -> Counter:
-    """The bias add and activation a fused op or kernel applies to its output."""
+def _epilogue(eqn, adds: int, activation) -> Counter:
+    """The bias and residual adds and the activation a fused op or kernel applies to its output."""
     out = _out_elements(eqn)
-    return Counter({"elementwise": out if has_bias else 0, "activation": out if activation else 0})
+    return Counter({"elementwise": out * adds, "activation": out if activation else 0})
 
 
 def _fused(eqn) -> Counter:
     kind, rule = _RULES["conv_general_dilated" if eqn.primitive.name == "conv_bias_act" else "dot_general"]
-    return Counter({kind: rule(eqn)}) + _epilogue(eqn, True, eqn.params["activation"])
+    return Counter({kind: rule(eqn)}) + _epilogue(eqn, len(eqn.invars) - 2, eqn.params["activation"])
 
 
 def _oihw_conv(eqn) -> int:
@@ -175,8 +175,9 @@ def _kernel(eqn) -> Counter | None:
     if rule is None:
         return None
     attributes = dict(eqn.params["attributes"] or ())
-    has_bias = kind in ("conv", "dense") and len(eqn.invars) > 2
-    return Counter({kind: rule(eqn)}) + _epilogue(eqn, has_bias, attributes.get("activation"))
+    # (x, weight[, bias[, residual]]); an empty residual buffer is none.
+    epilogue = [v for v in eqn.invars[2:4] if math.prod(v.aval.shape)] if kind in ("conv", "dense") else []
+    return Counter({kind: rule(eqn)}) + _epilogue(eqn, len(epilogue), attributes.get("activation"))
 
 
 def eqn_macs(eqn) -> tuple[Counter, set[str]]:

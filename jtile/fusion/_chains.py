@@ -10,7 +10,9 @@ is computed in the graph: with traced params XLA folds nothing; close over the
 params (`fold_params`) to get folded constants.
 
 `BiasAct` turns `op -> add(bias) -> activation` into one `conv_bias_act` or
-`dense` op. Activations recognised: `max` with a scalar literal (relu when
+`dense` op. A conv chain also takes one residual before its activation: an
+`add` whose other operand has the output's shape (a ResNet shortcut), or
+another conv chain (a downsampling shortcut, finished first and added). Activations recognised: `max` with a scalar literal (relu when
 0), `min` with one, `clamp` with two (relu6, Clip), in any combination that is
 a clip; and leaky relu, `select_n(y >= 0, alpha * y, y)` (`jax.nn.leaky_relu`,
 `jnp.where` as the zoo writes it), whose three uses of `y` the plan accepts
@@ -27,7 +29,7 @@ from jax import lax
 
 from .. import _fused
 from .._interpreter import bind
-from ._plan import ChainRecipe, Deferred, Pending
+from ._plan import ChainRecipe, Deferred, Pending, finish_pending
 
 _AFFINE = frozenset({"add", "sub", "mul", "div"})
 
@@ -50,6 +52,12 @@ def _per_axis_operand(eqn, pos: int) -> bool:
     other = eqn.invars[1 - pos].aval
     axes = _axes(other.shape, out.ndim)
     return _floating(out) and axes is not None and len(axes) <= 1
+
+
+def _full_operand(eqn, pos: int) -> bool:
+    """The other operand of `eqn` has its output's shape and dtype (a residual)."""
+    out, other = eqn.outvars[0].aval, eqn.invars[1 - pos].aval
+    return _floating(out) and tuple(other.shape) == tuple(out.shape) and other.dtype == out.dtype
 
 
 def _output_axes(eqn) -> frozenset:
@@ -104,6 +112,7 @@ class _Chain:
     scale: object = None
     shift: object = None
     activation: tuple | None = None
+    residual: object = None
 
 
 def _as_dtype(value, dtype):
@@ -194,11 +203,12 @@ class BiasAct(ChainRecipe):
 
     def __init__(self, start: str):
         self.starts = frozenset({start})
+        self._residuals = start == "conv_general_dilated"
 
     def accepts(self, eqn, pos, consts):
         name = eqn.primitive.name
         if name == "add":
-            return _per_axis_operand(eqn, pos)
+            return _per_axis_operand(eqn, pos) or (self._residuals and _full_operand(eqn, pos))
         if name in ("max", "min"):
             return consts[1 - pos] is not None and _floating(eqn.outvars[0].aval)
         if name == "select_n":  # the two halves of a leaky relu
@@ -215,6 +225,8 @@ class BiasAct(ChainRecipe):
         name = eqn.primitive.name
         if name == "select_n":
             return self._leaky(states, consts)
+        if name == "add" and len(states) == 2:
+            return self._residual(states[0], invals[1], eqn)
         if len(states) != 1 or isinstance(next(iter(states.values())), Deferred):
             return None
         ((pos, chain),) = states.items()
@@ -223,12 +235,26 @@ class BiasAct(ChainRecipe):
         if name == "add":
             ndim = chain.eqn.outvars[0].aval.ndim
             c = invals[1 - pos]
+            if self._residuals and _full_operand(eqn, pos):
+                return self._residual(chain, c, eqn)
             shift = c if chain.shift is None else chain.shift + c
             if chain.activation or not _fits(shift, ndim, _output_axes(chain.eqn)):
                 return None
             return dataclasses.replace(chain, shift=shift)
         activation = _clip_step(chain.activation, name, pos, consts)
         return None if activation is None else dataclasses.replace(chain, activation=activation)
+
+    def _residual(self, chain, other, eqn):
+        """`chain + other` with `other` (a value, or a pending chain finished
+        here) as the chain's residual, if the chain has none and no activation yet."""
+        if not isinstance(chain, _Chain) or chain.activation or chain.residual is not None:
+            return None
+        if isinstance(other, Pending) and not isinstance(other.state, _Chain):
+            return None
+        residual = finish_pending(self, other)
+        if tuple(residual.shape) != tuple(eqn.outvars[0].aval.shape):
+            return None
+        return dataclasses.replace(chain, residual=residual)
 
     @staticmethod
     def _leaky(states, consts):
@@ -251,5 +277,6 @@ class BiasAct(ChainRecipe):
         params = dict(eqn.params)
         params.pop("out_sharding", None)
         if eqn.primitive.name == "conv_general_dilated":
-            return _fused.conv_bias_act(x, w, bias, activation=chain.activation, **params)
+            residual = None if chain.residual is None else _as_dtype(chain.residual, dtype)
+            return _fused.conv_bias_act(x, w, bias, residual, activation=chain.activation, **params)
         return _fused.dense(x, w, bias, activation=chain.activation, **params)

@@ -157,12 +157,13 @@ class ChainRecipe:
         raise NotImplementedError
 
 
-def _finish(recipe: ChainRecipe, value):
+def finish_pending(recipe: ChainRecipe, value):
+    """`value`, or the op its pending chain stands for, bound where the chain began."""
     if not isinstance(value, Pending):
         return value
     with source_info_util.user_context(value.traceback, name_stack=value.name_stack):
         if isinstance(value.state, Deferred):
-            return bind(value.state.eqn, *(_finish(recipe, x) for x in value.state.invals))[0]
+            return bind(value.state.eqn, *(finish_pending(recipe, x) for x in value.state.invals))[0]
         return recipe.finish(value.state)
 
 
@@ -174,8 +175,8 @@ def _chain_rule(recipe: ChainRecipe, plan: Plan, eqn, *invals):
         state = recipe.step(states, eqn, invals, plan.consts.get(id(eqn)))
         if state is not None:
             new = dataclasses.replace(next(iter(pending.values())), state=state)
-            return new if absorbed else _finish(recipe, new)
-    invals = [_finish(recipe, x) for x in invals]
+            return new if absorbed else finish_pending(recipe, new)
+    invals = [finish_pending(recipe, x) for x in invals]
     if not pending and absorbed and eqn.primitive.name in recipe.starts:
         stack = source_info_util.current_name_stack()
         return Pending(recipe.start(eqn, invals), eqn.source_info.traceback, stack)

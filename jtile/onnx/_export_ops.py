@@ -248,14 +248,17 @@ def activation(g, y: str, act: tuple, dtype) -> str:
     return g.node("LeakyRelu", [y], alpha=float(args[0]))
 
 
-def _conv_bias_act(g, eqn, x, w, bias):
-    """One `Conv` with its bias input when the bias is per output channel."""
+def _conv_bias_act(g, eqn, x, w, bias, *residual):
+    """One `Conv` with its bias input when the bias is per output channel, then
+    the residual `Add` and the activation."""
     channel = eqn.params["dimension_numbers"].out_spec[1]
     shape = _in_shape(eqn, 2)
     if len(shape) == len(_out(eqn).shape) and all(n == 1 for i, n in enumerate(shape) if i != channel):
         y = conv(g, eqn, x, w, _reshape(g, bias, shape, [shape[channel]]))
     else:
         y = g.node("Add", [conv(g, eqn, x, w), bias])
+    if residual:
+        y = g.node("Add", [y, residual[0]])
     return activation(g, y, eqn.params["activation"], _out(eqn).dtype)
 
 
