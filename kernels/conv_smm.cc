@@ -79,12 +79,19 @@ struct Im2col final : Operand {
       masks[t] = __mmask16(m);
       tap_offset[t] = int32_t(dy * s.w + dx);
     }
-    const __m512i vbase = _mm512_load_si512(base);
     const __mmask16 row_mask = vmask(r);
+    // Rows in one output row at stride 1 read consecutive inputs: a masked
+    // load (masked-off lanes are not read) instead of a gather.
+    const bool contiguous = s.sw == 1 && base[rows - 1] - base[0] == rows - 1 &&
+                            iy0[rows - 1] == iy0[0];
+    const __m512i vbase = _mm512_load_si512(base);
     for (int64_t kk = 0; kk < kc; ++kk) {
       const int64_t c = (k0 + kk) / taps, t = (k0 + kk) % taps;
-      const __m512i idx = _mm512_add_epi32(vbase, _mm512_set1_epi32(int32_t(c * plane) + tap_offset[t]));
-      const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), masks[t], idx, x, 4);
+      const int32_t offset = int32_t(c * plane) + tap_offset[t];
+      const __m512 v = contiguous
+          ? _mm512_maskz_loadu_ps(masks[t], x + base[0] + offset)
+          : _mm512_mask_i32gather_ps(_mm512_setzero_ps(), masks[t],
+                                     _mm512_add_epi32(vbase, _mm512_set1_epi32(offset)), x, 4);
       _mm512_mask_storeu_ps(dst + kk * r, row_mask, v);
     }
     return true;
