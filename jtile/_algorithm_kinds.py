@@ -25,7 +25,7 @@ import numpy as np
 
 from ._errors import ConfigError
 from ._fused import activate
-from ._interpreter import iter_eqns, iter_jaxprs
+from ._interpreter import eager_if_known, iter_eqns, iter_jaxprs
 from ._layers import Layer, dense_weight_axis, pool_axes, pool_window, scope_name
 
 _F32 = np.dtype(np.float32)
@@ -122,7 +122,8 @@ def _with_epilogue(eqn, kernel, operands, out_axis: int):
     out_shape = eqn.outvars[0].aval.shape
     channels = out_shape[out_axis]
     if bias.ndim == 0 or (bias.ndim == len(out_shape) and _per_channel(bias, out_axis, channels)):
-        b = jnp.broadcast_to(bias.reshape(-1), (channels,))
+        with eager_if_known(bias):
+            b = jnp.broadcast_to(bias.reshape(-1), (channels,))
         epilogue = _ACTIVATIONS[activation[:1]](*activation[1:])
         return kernel(b, dict(epilogue, residual=residual[0]) if residual else epilogue)
     y = kernel(None, {}) + bias

@@ -17,6 +17,7 @@ Three layers, as in equinox: `eval_jaxpr` (evaluate with rules),
     through the primal computation, not through the original custom rule.
 """
 
+import contextlib
 import functools
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -142,6 +143,14 @@ def inline(closed: jcore.ClosedJaxpr) -> jcore.ClosedJaxpr:
     """`closed` with every call the interpreter inlines flattened into it, so
     that only `cond`, `scan` and `while` keep sub-jaxprs."""
     return rewrite(closed, {})
+
+
+def eager_if_known(*values):
+    """A context that evaluates jnp ops now when every one of `values` is a known
+    array (a folded constant, not a tracer), so that work on weights happens
+    once at trace time instead of on every call."""
+    known = not any(isinstance(v, jax.core.Tracer) for v in values)
+    return jax.ensure_compile_time_eval() if known else contextlib.nullcontext()
 
 
 # ---------------------------------------------------------------- fn -> fn

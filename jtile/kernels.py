@@ -19,7 +19,6 @@ reference's gradients. Layouts: NCHW activations, OIHW conv weights
     over `conv2d` or `dense` runs the kernel once per batch element.
 """
 
-import contextlib
 import ctypes
 import dataclasses
 import functools
@@ -32,6 +31,7 @@ import numpy as np
 from jax import lax
 
 from ._errors import ConfigError, UnsupportedError
+from ._interpreter import eager_if_known
 from ._regions import SlidingWindow
 
 Pair = tuple[int, int]
@@ -314,13 +314,13 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
     )
     out = jax.ShapeDtypeStruct(spec.out_shape, jnp.float32)
     b = jnp.zeros(spec.w_shape[0], jnp.float32) if b is None else b
-    with _eager_if_known(w):
+    with eager_if_known(w):
         weight, extra = algo.prepare(spec, w)
 
     def kernel(x, w, b, *rest):
         *res, weight = rest
         if algo.residual:
-            res = res or [jnp.zeros((0,), jnp.float32)]
+            res = res or [np.zeros((0,), np.float32)]  # an empty buffer: no residual
         return _call(algo.target, out, x, weight, b, *res, vmap_method="sequential", **attrs, **extra)
 
     def reference(x, w, b, *res):
@@ -329,13 +329,6 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
 
     operands = (x, w, b) if residual is None else (x, w, b, residual)
     return _with_reference_vjp(kernel, reference, derived=1)(*operands, weight)
-
-
-def _eager_if_known(w):
-    """Evaluate weight preparation now if `w` is a known array (a folded
-    constant), so that it happens once at trace time instead of on every call."""
-    known = not isinstance(w, jax.core.Tracer)
-    return jax.ensure_compile_time_eval() if known else contextlib.nullcontext()
 
 
 # ----------------------------------------------------------- smm (GEMM) conv

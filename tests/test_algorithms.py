@@ -301,3 +301,25 @@ def test_fused_dense_with_per_row_bias_adds_it_after_the_kernel(getkey, tree_all
     swapped = swap_backend(fused, {"dense": "gemm"})
     assert _ffi_calls(swapped, w, x, b) == 1
     assert tree_allclose(swapped(w, x, b), f(w, x, b), rtol=RTOL, atol=ATOL)
+
+
+def test_folded_weights_are_packed_once_at_trace_time(getkey, tree_allclose):
+    """With params folded, the GEMM packing of the weight leaves no op in the graph:
+    the packed weight is a constant. With params traced, packing runs in the graph."""
+    from jtile import kernels
+    from jtile._interpreter import iter_eqns
+    from jtile.fusion import fold_params
+
+    w = jax.random.normal(getkey(), (40, 16, 3, 3)) * 0.1
+    x = jax.random.normal(getkey(), (1, 16, 9, 9))
+    net = lambda w, x: jax.nn.relu(_conv(x, w, stride=2))  # noqa: E731
+    folded = swap_backend(fold_params(net, w), "auto")
+    closed = jax.make_jaxpr(folded)(x)
+    assert {e.primitive.name for e in iter_eqns(closed.jaxpr)} == {"custom_vjp_call", "ffi_call"}
+    mr, nr = kernels.gemm_tile()
+    # 5x5 outputs: pixels are the GEMM rows, channels packed nr a strip (the raw
+    # weight stays a constant too, for the backward pass's reference)
+    assert (1, -(-40 // nr), 16 * 9, nr) in [c.shape for c in closed.consts]
+    traced = {e.primitive.name for e in iter_eqns(jax.make_jaxpr(swap_backend(net, "auto"))(w, x).jaxpr)}
+    assert {"pad", "transpose"} <= traced
+    assert tree_allclose(jax.jit(folded)(x), net(w, x), rtol=RTOL, atol=ATOL)
