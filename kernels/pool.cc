@@ -30,34 +30,48 @@ ffi::Error decode_pool(const F32Buffer& x, ffi::Span<const int64_t> a, F32Result
 // For each output row of each plane: acc[ox] = reduce over the window taps
 // inside the input, starting from `init`; then finish(acc, oy, plane_out).
 // `combine` takes (float, float) and (V, V); the sweep along a row is
-// vectorised, W output columns at a time.
+// vectorised, W output columns at a time, the last few through a small
+// buffer. Tasks take runs of planes, so that small planes (7x7 at 832
+// channels) do not cost a task each.
 template <typename Combine, typename Finish>
 void pool_rows(ffi::ThreadPool& pool, const PoolShape& p, const float* x, float init,
                Combine combine, Finish finish) {
-  parallel_for(pool, p.planes, [&](int64_t plane) {
-    std::vector<float> buffer(p.ow);
+  const int64_t workers = std::max<int64_t>(1, pool.num_threads());
+  const int64_t per_task = std::max<int64_t>(1, p.planes / (8 * workers));
+  parallel_for(pool, ceil_div(p.planes, per_task), [&](int64_t task) {
+    std::vector<float> buffer(ceil_div(p.ow, W) * W);
     float* acc = buffer.data();
-    const float* in = x + plane * p.h * p.w;
-    for (int64_t oy = 0; oy < p.oh; ++oy) {
-      std::fill(acc, acc + p.ow, init);
-      for (int64_t ky = 0; ky < p.kh; ++ky) {
-        int64_t iy = oy * p.sh + ky - p.pt;
-        if (iy < 0 || iy >= p.h) continue;
-        const float* row = in + iy * p.w;
-        for (int64_t kx = 0; kx < p.kw; ++kx) {
-          // ox such that 0 <= ox*sw + kx - pl < w
-          int64_t off = kx - p.pl;
-          int64_t lo = off >= 0 ? 0 : ceil_div(-off, p.sw);
-          int64_t hi = std::min(p.ow, p.w - off > 0 ? ceil_div(p.w - off, p.sw) : 0);
-          const float* base = row + off;
-          int64_t ox = lo;
-          // A vector reads inputs up to (W - 1) * sw past its first: keep them in the row.
-          for (; ox + W <= hi && (ox + W - 1) * p.sw + off < p.w; ox += W)
-            vstore(acc + ox, combine(vload(acc + ox), vload_strided(base + ox * p.sw, p.sw)));
-          for (; ox < hi; ++ox) acc[ox] = combine(acc[ox], base[ox * p.sw]);
+    for (int64_t plane = task * per_task; plane < std::min(p.planes, (task + 1) * per_task); ++plane) {
+      const float* in = x + plane * p.h * p.w;
+      for (int64_t oy = 0; oy < p.oh; ++oy) {
+        std::fill(acc, acc + p.ow, init);
+        for (int64_t ky = 0; ky < p.kh; ++ky) {
+          int64_t iy = oy * p.sh + ky - p.pt;
+          if (iy < 0 || iy >= p.h) continue;
+          const float* row = in + iy * p.w;
+          for (int64_t kx = 0; kx < p.kw; ++kx) {
+            // ox such that 0 <= ox*sw + kx - pl < w
+            int64_t off = kx - p.pl;
+            int64_t lo = off >= 0 ? 0 : ceil_div(-off, p.sw);
+            int64_t hi = std::min(p.ow, p.w - off > 0 ? ceil_div(p.w - off, p.sw) : 0);
+            const float* base = row + off;
+            int64_t ox = lo;
+            // A vector reads inputs up to (W - 1) * sw past its first: keep them in the row.
+            for (; ox + W <= hi && (ox + W - 1) * p.sw + off < p.w; ox += W)
+              vstore(acc + ox, combine(vload(acc + ox), vload_strided(base + ox * p.sw, p.sw)));
+            if (ox < hi) {
+              const int n = int(hi - ox);
+              alignas(64) float gathered[W];
+              if (p.sw > 1)
+                for (int e = 0; e < n; ++e) gathered[e] = base[(ox + e) * p.sw];
+              const float* src = p.sw > 1 ? gathered : base + ox;
+              const V v = combine(vload_partial(acc + ox, n), vload_partial(src, n));
+              vstore_partial(acc + ox, v, n);
+            }
+          }
         }
+        finish(acc, plane, oy);
       }
-      finish(acc, plane, oy);
     }
   });
 }

@@ -323,3 +323,24 @@ def test_folded_weights_are_packed_once_at_trace_time(getkey, tree_allclose):
     traced = {e.primitive.name for e in iter_eqns(jax.make_jaxpr(swap_backend(net, "auto"))(w, x).jaxpr)}
     assert {"pad", "transpose"} <= traced
     assert tree_allclose(jax.jit(folded)(x), net(w, x), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize(
+    "size, window, stride, swapped",
+    [(28, 3, 1, True), (7, 3, 1, False), (14, 3, 2, True), (16, 2, 2, True)],
+)
+def test_auto_pools_take_the_kernel_except_stride_one_on_small_planes(
+    getkey, tree_allclose, size, window, stride, swapped
+):
+    x = jax.random.normal(getkey(), (1, 8, size, size))
+    pads = ((0, 0), (0, 0), (window // 2, window // 2), (window // 2, window // 2))
+
+    def pools(x):
+        dims, strides = (1, 1, window, window), (1, 1, stride, stride)
+        peak = lax.reduce_window(x, -jnp.inf, lax.max, dims, strides, pads)
+        mean = lax.reduce_window(x, 0.0, lax.add, dims, strides, pads) / (window * window)
+        return peak, mean
+
+    auto = swap_backend(pools, "auto")
+    assert _ffi_calls(auto, x) == (2 if swapped else 0)
+    assert tree_allclose(jax.jit(auto)(x), pools(x), rtol=RTOL, atol=ATOL)
