@@ -267,3 +267,15 @@ inline ffi::Error decode_conv(const F32Buffer& x, const F32Buffer& w, const F32B
       .Attr<::xla::ffi::Span<const int64_t>>("conv")                          \
       .JTILE_EPILOGUE_ATTRS                                                   \
       .Ret<::jtile::F32Buffer>()
+// The same with a fourth buffer, the residual (empty for none), and without
+// the result, so that a kernel may bind more attributes before it:
+//   JTILE_CONV_RESIDUAL_BINDING.Ret<::jtile::F32Buffer>()
+#define JTILE_CONV_RESIDUAL_BINDING                                           \
+  ::xla::ffi::Ffi::Bind()                                                     \
+      .Ctx<::xla::ffi::ThreadPool>()                                          \
+      .Arg<::jtile::F32Buffer>()                                              \
+      .Arg<::jtile::F32Buffer>()                                              \
+      .Arg<::jtile::F32Buffer>()                                              \
+      .Arg<::jtile::F32Buffer>()                                              \
+      .Attr<::xla::ffi::Span<const int64_t>>("conv")                          \
+      .JTILE_EPILOGUE_ATTRS

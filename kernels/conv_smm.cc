@@ -132,8 +132,8 @@ struct Im2col final : Operand {
 };
 
 ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, F32Buffer res,
-                   ffi::Span<const int64_t> attr, ffi::Span<const int64_t> kernel,
-                   int64_t pixel_rows, int64_t act, float alpha, float lo, float hi, F32Result y) {
+                   ffi::Span<const int64_t> attr, int64_t act, float alpha, float lo, float hi,
+                   ffi::Span<const int64_t> kernel, int64_t pixel_rows, F32Result y) {
   auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
   if (xd.size() != 4 || yd.size() != 4 || wd.size() != 4 || attr.size() != 9 || kernel.size() != 3)
     return ffi::Error::InvalidArgument(
@@ -186,21 +186,7 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, 
 }  // namespace
 }  // namespace jtile
 
-// The GEMM's register tile, so that Python packs weights to match: [MR, NR].
-extern "C" void JtileGemmTile(int64_t* tile) {
-  tile[0] = jtile::GEMM_MR;
-  tile[1] = jtile::GEMM_NR;
-}
-
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JtileConvSmm, jtile::ConvSmm,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::ThreadPool>()
-                                  .Arg<jtile::F32Buffer>()
-                                  .Arg<jtile::F32Buffer>()
-                                  .Arg<jtile::F32Buffer>()
-                                  .Arg<jtile::F32Buffer>()
-                                  .Attr<xla::ffi::Span<const int64_t>>("conv")
-                                  .Attr<xla::ffi::Span<const int64_t>>("kernel")
+                              JTILE_CONV_RESIDUAL_BINDING.Attr<xla::ffi::Span<const int64_t>>("kernel")
                                   .Attr<int64_t>("pixel_rows")
-                                  .JTILE_EPILOGUE_ATTRS
                                   .Ret<jtile::F32Buffer>());

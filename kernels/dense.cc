@@ -1,17 +1,17 @@
 // Dense layer y = act(x @ w + b), x (M, K), b (N,), w (K, N) row-major or,
 // with transpose_w, (N, K) (PyTorch's Linear layout, y = x @ w.T).
-// Few rows (M < GEMV_MAX_ROWS): matrix-vector paths that stream w once, in
-// place. For (K, N): four rows of w at a time; tasks split K (so each reads
-// long contiguous runs of w) and N blocks, accumulate into per-task partial
-// rows, and a final pass sums the partials with bias and activation. For
-// (N, K): each output is a dot product of a contiguous row of w with x, four
-// rows at a time. More rows: the packed GEMM of gemm.h.
+// Unpacked w (few rows, jtile.kernels picks): matrix-vector paths that stream
+// w once, in place. For (K, N): four rows of w at a time; tasks split K (so
+// each reads long contiguous runs of w) and N blocks, accumulate into per-task
+// partial rows, and a final pass sums the partials with bias and activation.
+// For (N, K): each output is a dot product of a contiguous row of w with x,
+// four rows at a time. Packed w (`packed`, as jtile.kernels.pack_gemm_weight
+// lays it out): the GEMM of gemm.h.
 #include "gemm.h"
 
 namespace jtile {
 namespace {
 
-constexpr int64_t GEMV_MAX_ROWS = 8;
 constexpr int64_t GEMV_ACC_FLOATS = 4096;  // partial-sum floats per task (16 KB, L1)
 
 // acc[r][0:cols] += sum_{p in [k0, k1)} x[r][p] * w[p][0:cols] for r < m.
@@ -103,27 +103,29 @@ void gemv_nk(ffi::ThreadPool& pool, int64_t m, int64_t k, int64_t n, const float
 }
 
 ffi::Error Dense(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, int64_t act,
-                 float alpha, float lo, float hi, int64_t transpose_w, F32Result y) {
+                 float alpha, float lo, float hi, int64_t transpose_w, int64_t packed, F32Result y) {
   auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
   const int64_t wk = transpose_w ? 1 : 0;
-  if (xd.size() != 2 || wd.size() != 2 || yd.size() != 2 || xd[1] != wd[wk] || yd[0] != xd[0] ||
-      yd[1] != wd[1 - wk] || (int64_t)b.element_count() != wd[1 - wk])
-    return ffi::Error::InvalidArgument("jtile dense: expected x (M, K), w (K, N) or (N, K), b (N,), y (M, N)");
+  const bool shapes = xd.size() == 2 && yd.size() == 2 && yd[0] == xd[0] &&
+                      (int64_t)b.element_count() == yd[1] &&
+                      (packed ? wd.size() == 4 && wd[0] == 1 && wd[1] == ceil_div(yd[1], GEMM_NR) &&
+                                    wd[2] == xd[1] && wd[3] == GEMM_NR
+                              : wd.size() == 2 && xd[1] == wd[wk] && yd[1] == wd[1 - wk]);
+  if (!shapes)
+    return ffi::Error::InvalidArgument(
+        "jtile dense: expected x (M, K), w (K, N), (N, K) or packed (1, strips, K, NR), b (N,), y (M, N)");
   Epilogue ep;
   if (auto e = make_epilogue(act, alpha, lo, hi, &ep); e.failure()) return e;
   const int64_t m = xd[0], k = xd[1], n = yd[1];
   if (m == 0 || n == 0) return ffi::Error::Success();
   const float *xs = x.typed_data(), *ws = w.typed_data(), *bs = b.typed_data();
   float* ys = y->typed_data();
-  const GemmOutput out{ys, n, nullptr, bs, ep};
-  if (m < GEMV_MAX_ROWS && transpose_w)
-    gemv_nk(pool, m, k, n, xs, ws, bs, ep, ys);
-  else if (m < GEMV_MAX_ROWS)
-    gemv(pool, m, k, n, xs, ws, bs, ep, ys);
+  if (packed)
+    gemm(pool, m, n, k, Rows(xs, k), Prepacked(ws, k, GEMM_NR), GemmOutput{ys, n, nullptr, bs, ep});
   else if (transpose_w)
-    gemm(pool, m, n, k, Rows(xs, k), Rows(ws, k), out);
+    gemv_nk(pool, m, k, n, xs, ws, bs, ep, ys);
   else
-    gemm(pool, m, n, k, Rows(xs, k), Columns(ws, n), out);
+    gemv(pool, m, k, n, xs, ws, bs, ep, ys);
   return ffi::Error::Success();
 }
 
@@ -138,4 +140,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JtileDense, jtile::Dense,
                                   .Arg<jtile::F32Buffer>()
                                   .JTILE_EPILOGUE_ATTRS
                                   .Attr<int64_t>("transpose_w")
+                                  .Attr<int64_t>("packed")
                                   .Ret<jtile::F32Buffer>());

@@ -237,3 +237,9 @@ void gemm(ffi::ThreadPool& pool, int64_t m, int64_t n, int64_t k, const Operand&
 }
 
 }  // namespace jtile
+
+// The GEMM's register tile, so that Python packs weights to match: [MR, NR].
+extern "C" void JtileGemmTile(int64_t* tile) {
+  tile[0] = jtile::GEMM_MR;
+  tile[1] = jtile::GEMM_NR;
+}

@@ -443,12 +443,4 @@ ffi::Error ConvWinograd(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffe
 }  // namespace jtile
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JtileConvWinograd, jtile::ConvWinograd,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::ThreadPool>()
-                                  .Arg<jtile::F32Buffer>()
-                                  .Arg<jtile::F32Buffer>()
-                                  .Arg<jtile::F32Buffer>()
-                                  .Arg<jtile::F32Buffer>()
-                                  .Attr<xla::ffi::Span<const int64_t>>("conv")
-                                  .JTILE_EPILOGUE_ATTRS
-                                  .Ret<jtile::F32Buffer>());
+                              JTILE_CONV_RESIDUAL_BINDING.Ret<jtile::F32Buffer>());

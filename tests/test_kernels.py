@@ -112,26 +112,28 @@ def test_conv2d_large_blocks_match_reference(algorithm):
 @given(
     m=st.integers(1, 20), k=st.integers(1, 300), n=st.integers(1, 90),
     activation=st.sampled_from(ACTIVATIONS), bias=st.booleans(), transpose_w=st.booleans(),
-    seed=st.integers(0, 2**16),
+    traced=st.booleans(), seed=st.integers(0, 2**16),
 )
-def test_dense_matches_reference(m, k, n, activation, bias, transpose_w, seed):
+def test_dense_matches_reference(m, k, n, activation, bias, transpose_w, traced, seed):
+    """A known w takes the packed GEMM; a traced one the in-place paths up to 16 rows."""
     rng = np.random.default_rng(seed)
     x, w = _normal(rng, (m, k)), _normal(rng, (n, k) if transpose_w else (k, n))
     b = _normal(rng, n) if bias else None
     kw = dict(activation=activation, transpose_w=transpose_w, **EPILOGUE)
-    got = kernels.dense(x, w, b, **kw)
-    np.testing.assert_allclose(got, kernels.dense_reference(x, w, b, **kw), rtol=1e-4, atol=3e-4)
+    run = jax.jit(lambda x, w: kernels.dense(x, w, b, **kw)) if traced else lambda x, w: kernels.dense(x, w, b, **kw)
+    np.testing.assert_allclose(run(x, w), kernels.dense_reference(x, w, b, **kw), rtol=1e-4, atol=3e-4)
 
 
-# Matrix-vector paths (m < 8) and the packed GEMM over several M chunks and K blocks.
-@pytest.mark.parametrize("m", [1, 5, 200])
+# In-place matrix-vector paths (traced w, few rows), and the packed GEMM over
+# several M chunks and K blocks (known w, or many rows).
+@pytest.mark.parametrize("m, traced", [(1, True), (5, True), (16, True), (1, False), (200, True), (200, False)])
 @pytest.mark.parametrize("transpose_w", [False, True])
-def test_dense_large_blocks_match_reference(m, transpose_w):
+def test_dense_large_blocks_match_reference(m, traced, transpose_w):
     rng = np.random.default_rng(2)
     k, n = 600, 5000 if m < 8 else 530
     x, w = _normal(rng, (m, k)), _normal(rng, (n, k) if transpose_w else (k, n))
     kw = dict(activation="leaky_relu", alpha=0.1, transpose_w=transpose_w)
-    got = kernels.dense(x, w, **kw)
+    got = jax.jit(lambda x, w: kernels.dense(x, w, **kw))(x, w) if traced else kernels.dense(x, w, **kw)
     np.testing.assert_allclose(got, kernels.dense_reference(x, w, **kw), rtol=1e-4, atol=5e-4)
 
 

@@ -8,9 +8,11 @@ Recipes, applied in this order whatever order they are named in:
   the zoo and the ONNX importer lower it) into the weights and one bias add.
 - `dense`: `dot_general -> add(bias) -> activation` becomes one `dense` op,
   whichever operand holds the weight (`x @ W + b`, `W @ x + b`).
-- `conv_bias_act`: `conv -> add(bias) -> relu / relu6 / clip / leaky relu` becomes one
-  `conv_bias_act` op (see `jtile._fused`), which `swap_backend` maps to one
-  kernel call.
+- `conv_bias_act`: `conv -> add(bias) [-> add(residual)] -> relu / relu6 /
+  clip / leaky relu` becomes one `conv_bias_act` op (see `jtile._fused`),
+  which `swap_backend` maps to one kernel call. The residual is a ResNet
+  shortcut: a value of the output's shape, or a second conv chain (a
+  downsampling shortcut), added before the activation.
 - `fold_constants`: evaluate at trace time what depends only on constants.
 
 Two ways to fold, and they differ:
@@ -62,7 +64,9 @@ conv_bias_act = _recipe(
     "conv_bias_act",
     lambda fn: transform(fn, "conv_bias_act", chain_rules(BiasAct("conv_general_dilated"))),
 )
-conv_bias_act.__doc__ = "Fuse `conv -> add(bias) -> activation` into one `jtile._fused.conv_bias_act_p`."
+conv_bias_act.__doc__ = (
+    "Fuse `conv -> add(bias) [-> add(residual)] -> activation` into one `jtile._fused.conv_bias_act_p`."
+)
 fold_constants = _recipe(
     "fold_constants", lambda fn: transform(fn, "fold_constants", fold_constants_rules)
 )
