@@ -224,12 +224,12 @@ def _auto_dense(eqn, layer: Layer, producers) -> str:
     return "default"
 
 
-# Measured here, fc 9216->4096: with a traced weight the kernel streams it in
-# place (1 row: 20x XLA, which transposes it first); with a folded one it runs
-# the GEMM on the weight packed at trace time (8 rows: 6.3 against 14.2 ms; 64
-# rows: 19 against 27 ms). At 8 rows VGG-16's classifier took 2.1 s a batch
-# under XLA with traced weights against 0.52 s with the kernel. Larger products
-# are left to XLA.
+# Measured here, fc 9216->4096: at 1 row the kernel streams the weight in place
+# (20x XLA with a traced weight, which XLA transposes first); at 8 rows and more
+# with a folded weight it runs the GEMM on the weight packed at trace time (8
+# rows: 6.3 against 14.2 ms; 64 rows: 19 against 27 ms). At 8 rows VGG-16's
+# classifier took 2.1 s a batch under XLA with traced weights against 0.52 s
+# with the kernel. Larger products are left to XLA.
 _GEMM_MAX_ROWS = 64
 
 

@@ -43,14 +43,18 @@ class SlidingWindow:
     dilation: int = 1
 
     @property
+    def span(self) -> int:
+        """Input rows one output row reads: the window with its dilation gaps."""
+        return (self.window - 1) * self.dilation + 1
+
+    @property
     def out_size(self) -> int:
-        span = (self.window - 1) * self.dilation + 1
-        return (self.in_size + self.pad_lo + self.pad_hi - span) // self.stride + 1
+        return (self.in_size + self.pad_lo + self.pad_hi - self.span) // self.stride + 1
 
     def input_region(self, out: Window) -> tuple[Window, tuple[int, int]]:
         """The input rows `out` reads, and the (lo, hi) padding left to this tile."""
         start = out.start * self.stride - self.pad_lo
-        stop = start + (out.size - 1) * self.stride + (self.window - 1) * self.dilation + 1
+        stop = start + (out.size - 1) * self.stride + self.span
         if stop <= 0:  # the tile reads only low padding
             return Window(0, 0), (stop - start, 0)
         if start >= self.in_size:  # only high padding

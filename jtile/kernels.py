@@ -444,12 +444,14 @@ def dense_reference(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
     return activation_reference(y, activation, alpha, clip)
 
 
-# Rows up to which `dense` streams a traced weight in place (matrix-vector
-# paths) rather than pack it on every call for the GEMM. Measured, fc
-# 9216->4096 (x @ W.T), 8 rows: 12.2 ms in place against 39.7 ms packing each
-# call. A known (folded) weight is packed once, at trace time, and always takes
-# the GEMM: 6.3 ms at 8 rows, 3.6 against 3.8 ms at 1 row.
-GEMV_MAX_ROWS = 16
+# Rows below which `dense` streams its weight in place (matrix-vector paths)
+# rather than run the GEMM on it packed: a known (folded) weight is packed once,
+# at trace time; a traced one would be packed on every call. Measured, fc
+# 9216->4096 (x @ W.T): at 8 rows, 6.3 ms packed at trace time, 12.2 ms in
+# place, 39.7 ms packed per call; at 1 row in place wins inside AlexNet (13.7
+# against 15.8 ms a batch: the GEMM's 7-row register tile computes 6 rows of
+# zeros).
+GEMV_ROWS = {"known": 8, "traced": 17}
 
 
 def dense(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
@@ -458,10 +460,10 @@ def dense(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
     """`act(x @ w + b)` by the C kernel: x `(M, K)`, w `(K, N)`, b `(N,)` or None.
 
     With `transpose_w`, w is `(N, K)` (PyTorch's Linear layout) and the kernel
-    computes `x @ w.T` without transposing w. A known w (a folded constant)
-    is packed once, at trace time, for a register-blocked GEMM; a traced w
-    takes a matrix-vector path that streams it once, in place, up to
-    `GEMV_MAX_ROWS` rows, and is packed on each call above.
+    computes `x @ w.T` without transposing w. Few rows (see `GEMV_ROWS`)
+    take a matrix-vector path that streams w once, in place; more rows a
+    register-blocked GEMM on w packed in `jnp`, once at trace time if w is a
+    known (folded) constant.
     """
     _check_activation("dense", activation)
     _require_float32("dense", x=x, w=w, b=b)
@@ -473,7 +475,7 @@ def dense(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
         raise ConfigError(f"dense: x {jnp.shape(x)} and w {jnp.shape(w)} do not chain ({op})")
     if b is not None and jnp.shape(b) != (n,):
         raise ConfigError(f"dense: bias must have shape ({n},), got {jnp.shape(b)}")
-    packed = m > GEMV_MAX_ROWS or not isinstance(w, jax.core.Tracer)
+    packed = m >= GEMV_ROWS["traced" if isinstance(w, jax.core.Tracer) else "known"]
     attrs = dict(_epilogue_attrs(activation, alpha, clip), transpose_w=np.int64(bool(transpose_w)),
                  packed=np.int64(packed))
     out = jax.ShapeDtypeStruct((m, n), jnp.float32)

@@ -115,7 +115,7 @@ def test_conv2d_large_blocks_match_reference(algorithm):
     traced=st.booleans(), seed=st.integers(0, 2**16),
 )
 def test_dense_matches_reference(m, k, n, activation, bias, transpose_w, traced, seed):
-    """A known w takes the packed GEMM; a traced one the in-place paths up to 16 rows."""
+    """In-place paths below 8 rows (known w) or 17 (traced w), the packed GEMM above."""
     rng = np.random.default_rng(seed)
     x, w = _normal(rng, (m, k)), _normal(rng, (n, k) if transpose_w else (k, n))
     b = _normal(rng, n) if bias else None
@@ -126,11 +126,11 @@ def test_dense_matches_reference(m, k, n, activation, bias, transpose_w, traced,
 
 # In-place matrix-vector paths (traced w, few rows), and the packed GEMM over
 # several M chunks and K blocks (known w, or many rows).
-@pytest.mark.parametrize("m, traced", [(1, True), (5, True), (16, True), (1, False), (200, True), (200, False)])
+@pytest.mark.parametrize("m, traced", [(1, False), (5, True), (16, True), (8, False), (200, True), (200, False)])
 @pytest.mark.parametrize("transpose_w", [False, True])
 def test_dense_large_blocks_match_reference(m, traced, transpose_w):
     rng = np.random.default_rng(2)
-    k, n = 600, 5000 if m < 8 else 530
+    k, n = 600, 5000 if m <= 16 else 530
     x, w = _normal(rng, (m, k)), _normal(rng, (n, k) if transpose_w else (k, n))
     kw = dict(activation="leaky_relu", alpha=0.1, transpose_w=transpose_w)
     got = jax.jit(lambda x, w: kernels.dense(x, w, **kw))(x, w) if traced else kernels.dense(x, w, **kw)

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ..._regions import SlidingWindow
 from . import jax_dtype, register
 
 
@@ -34,7 +35,7 @@ def _spatial_attrs(node, x, kernel):
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         pairs = []
         for i, s, k, d in zip(size, strides, kernel, dilations):
-            total = max((math.ceil(i / s) - 1) * s + (k - 1) * d + 1 - i, 0)
+            total = max((math.ceil(i / s) - 1) * s + SlidingWindow(i, k, s, dilation=d).span - i, 0)
             small, big = total // 2, total - total // 2
             pairs.append((small, big) if auto_pad == "SAME_UPPER" else (big, small))
     elif auto_pad == "VALID":
@@ -44,7 +45,7 @@ def _spatial_attrs(node, x, kernel):
     else:
         raise node.fail(f"auto_pad must be NOTSET, SAME_UPPER, SAME_LOWER or VALID, got {auto_pad!r}")
     for i, k, d, (lo, hi) in zip(size, kernel, dilations, pairs):
-        if i + lo + hi < (k - 1) * d + 1:
+        if SlidingWindow(i, k, 1, lo, hi, d).out_size < 1:
             raise node.fail(f"window {k} (dilation {d}) is larger than the padded input {i + lo + hi}")
     return strides, dilations, pairs
 
@@ -127,11 +128,11 @@ def _pool_padding(node, x, kernel, strides, dilations, pads):
         return pads
     out = []
     for i, k, s, d, (lo, hi) in zip(np.shape(x)[2:], kernel, strides, dilations, pads):
-        window = (k - 1) * d + 1
-        n_out = math.ceil((i + lo + hi - window) / s) + 1
+        span = SlidingWindow(i, k, s, lo, hi, d).span
+        n_out = math.ceil((i + lo + hi - span) / s) + 1
         if (n_out - 1) * s >= i + lo:
             n_out -= 1
-        out.append((lo, hi + max((n_out - 1) * s + window - i - lo - hi, 0)))
+        out.append((lo, hi + max((n_out - 1) * s + span - i - lo - hi, 0)))
     return out
 
 
