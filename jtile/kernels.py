@@ -349,11 +349,13 @@ def smm_pixel_rows(spec: ConvSpec) -> bool:
     """Whether `smm` makes output pixels the GEMM's rows (channels in vector
     lanes, written back transposed) rather than output channels.
 
-    Measured on ResNet-18's and MobileNetV2's layers: pixel rows win for
-    windowed convs with at most 16x16 output pixels an image (7x7 512->512:
-    1.05 ms against 1.09 ms; 14x14 stride 2: 0.50 against 0.67 ms), channel
-    rows everywhere else, 1x1 convs included (960->160 at 7x7: 0.07 against
-    0.15 ms), since there x itself is the packed operand.
+    Measured on ResNet-18's and MobileNetV2's layers with the 7x64 AVX-512
+    tile: pixel rows win for windowed convs with at most 16x16 output pixels an
+    image (3x3 512->512 at 7x7: 1.06 against 1.58 ms; at 14x14: 0.88 against
+    1.27 ms; stride 2 to 7x7: 0.49 against 0.81 ms), channel rows everywhere
+    else (stride 2 to 28x28: 0.57 against 0.59 ms), 1x1 convs included
+    (960->160 at 7x7: 0.078 against 0.095 ms), since there x itself is the
+    packed operand.
     """
     mr, nr = gemm_tile()
     pixels = spec.out_shape[2] * spec.out_shape[3]
