@@ -197,11 +197,21 @@ def test_nan_and_inf_propagate_like_reference(name):
     np.testing.assert_allclose(got, want, **TOL)
 
 
+def _residual(x):
+    """A (2, 6, 7, 6) residual computed from x (2, 4, 7, 6)."""
+    return jnp.concatenate([x, x[:, :2] * 0.5], axis=1)
+
+
 _GRAD_CASES = {
     "conv_direct": (lambda x, w, b: kernels.conv2d(x, w, b, algorithm="direct", stride=(2, 2), groups=2, activation="leaky_relu", alpha=0.1),
                     lambda x, w, b: kernels.conv2d_reference(x, w, b, stride=(2, 2), groups=2, activation="leaky_relu", alpha=0.1)),
     "conv_smm": (lambda x, w, b: kernels.conv2d(x, w, b, algorithm="smm", padding=((1, 0), (0, 2)), groups=2, activation="relu"),
                  lambda x, w, b: kernels.conv2d_reference(x, w, b, padding=((1, 0), (0, 2)), groups=2, activation="relu")),
+    # The residual is a function of x too, so its gradient path is checked.
+    "conv_smm_residual": (lambda x, w, b: kernels.conv2d(x, w, b, algorithm="smm", padding=((1, 1), (1, 1)), groups=2, activation="relu", residual=_residual(x)),
+                          lambda x, w, b: kernels.conv2d_reference(x, w, b, padding=((1, 1), (1, 1)), groups=2, activation="relu", residual=_residual(x))),
+    "conv_winograd_residual": (lambda x, w, b: kernels.conv2d(x[:, :2], w, b, algorithm="winograd", padding=((1, 1), (1, 1)), residual=_residual(x)),
+                               lambda x, w, b: kernels.conv2d_reference(x[:, :2], w, b, padding=((1, 1), (1, 1)), residual=_residual(x))),
     "dense_gemm": (lambda x, w, b: kernels.dense(x.reshape(28, 12), w.reshape(-1, 6)[:12], b, activation="relu6"),
                    lambda x, w, b: kernels.dense_reference(x.reshape(28, 12), w.reshape(-1, 6)[:12], b, activation="relu6")),
     "dense_gemv": (lambda x, w, b: kernels.dense(x[0, 0, :2], w.reshape(-1, 6)[:6], b, activation="clip", clip=(-1, 1), transpose_w=True),
