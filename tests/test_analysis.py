@@ -14,7 +14,7 @@ import jtile
 import jtile.kernels as kernels
 import jtile.models as models
 from jtile.algorithms import swap_backend
-from jtile.fusion import fuse
+from jtile.fusion import fold_params, fuse
 from jtile._interpreter import bind, transform
 from jtile.analysis import intercept, summary
 
@@ -103,6 +103,26 @@ def test_fused_and_kernel_ops_count_as_the_ops_they_replace():
     s = summary(pool_dense, _sds(1, 4, 9, 9), _sds(81, 5))
     assert s.macs_by_category["pool"] == 4 * 4 * 4 * 9
     assert s.macs_by_category["dense"] == 4 * 5 * 81
+
+
+@pytest.mark.parametrize("model_name", ["tutorial", "resnet18"])
+def test_kernels_on_packed_weights_count_as_the_layers_they_run(model_name):
+    """After `fold_params` the smm conv and dense kernels take packed weights;
+    MACs still come from the layer's own geometry."""
+    fn, params = models.as_function(models.get(model_name, jax.random.key(0)))
+    x = _shape(model_name)
+    plain = summary(fn, params, x)
+    swapped = summary(swap_backend(fold_params(fn, params), "auto"), x)
+    for category in ("conv", "dense"):
+        assert swapped.macs_by_category[category] == plain.macs_by_category[category]
+    assert swapped.uncounted == ()
+
+
+def test_dense_kernel_counts_rows_times_k_in_every_weight_layout(getkey):
+    x = jax.random.normal(getkey(), (24, 81))
+    for w, transpose_w in ((jax.random.normal(getkey(), (81, 5)), False), (jax.random.normal(getkey(), (5, 81)), True)):
+        s = summary(lambda x: kernels.dense(x, w, transpose_w=transpose_w), x)  # w known: packed
+        assert s.macs_by_category["dense"] == 24 * 5 * 81
 
 
 # ------------------------------------------------- published model numbers

@@ -151,18 +151,29 @@ def _fused(eqn) -> Counter:
     return Counter({kind: rule(eqn)}) + _epilogue(eqn, len(eqn.invars) - 2, eqn.params["activation"])
 
 
-def _oihw_conv(eqn) -> int:
-    return _out_elements(eqn) * math.prod(eqn.invars[1].aval.shape[1:])
+def _attribute(eqn, name: str) -> np.ndarray | None:
+    """An FFI call's array attribute (stored as a HashableArray), or None."""
+    value = dict(eqn.params["attributes"] or ()).get(name)
+    return None if value is None else np.asarray(getattr(value, "val", value))
+
+
+def _kernel_conv(eqn) -> int:
+    """Output elements x input channels per group x window: the weight may be
+    OIHW or packed for the GEMM ("kernel" attribute [O, KH, KW]), so the
+    window comes from the attributes when they carry it."""
+    groups = int(_attribute(eqn, "conv")[8])  # stride, pads, dilation, groups
+    kernel = _attribute(eqn, "kernel")
+    window = kernel[1:] if kernel is not None else eqn.invars[1].aval.shape[2:]
+    return _out_elements(eqn) * eqn.invars[0].aval.shape[1] // groups * math.prod(int(k) for k in window)
 
 
 def _kernel_pool(eqn) -> int:
-    pool = dict(eqn.params["attributes"])["pool"]  # window h, w, stride h, w, pads (a HashableArray)
-    window = np.asarray(getattr(pool, "val", pool))[:2]
+    window = _attribute(eqn, "pool")[:2]  # window h, w, stride h, w, pads
     return _out_elements(eqn) * int(np.prod(window))
 
 
-_KERNELS: dict[str, tuple[str, Callable]] = {  # jtile.kernels FFI targets (OIHW, x @ w)
-    "jtile_dense": ("dense", lambda eqn: _out_elements(eqn) * eqn.invars[1].aval.shape[0]),
+_KERNELS: dict[str, tuple[str, Callable]] = {  # jtile.kernels FFI targets (x NCHW, x (M, K))
+    "jtile_dense": ("dense", lambda eqn: _out_elements(eqn) * eqn.invars[0].aval.shape[1]),
     "jtile_max_pool2d": ("pool", _kernel_pool),
     "jtile_avg_pool2d": ("pool", _kernel_pool),
     "jtile_global_avg_pool2d": ("pool", _in_elements),
@@ -171,7 +182,7 @@ _KERNELS: dict[str, tuple[str, Callable]] = {  # jtile.kernels FFI targets (OIHW
 
 def _kernel(eqn) -> Counter | None:
     target = eqn.params["target_name"]
-    kind, rule = ("conv", _oihw_conv) if target.startswith("jtile_conv") else _KERNELS.get(target, (None, None))
+    kind, rule = ("conv", _kernel_conv) if target.startswith("jtile_conv") else _KERNELS.get(target, (None, None))
     if rule is None:
         return None
     attributes = dict(eqn.params["attributes"] or ())
