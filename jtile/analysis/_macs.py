@@ -18,8 +18,9 @@ of one equation:
 | `cond`                            | its body's  | the most expensive branch                       |
 | `while`                           | its body's  | body + cond, counted once (trip count unknown)  |
 | `conv_bias_act`, `dense` (fusion) | conv, dense | as conv / dot, plus bias and activation         |
-| `ffi_call` to a `jtile.kernels`   | conv, dense,| as the op it implements (OIHW weights, x @ w),  |
-|   target                          | pool        | plus its bias and activation epilogue           |
+| `ffi_call` to a `jtile.kernels`   | conv, dense,| as the op it implements (from the input and the |
+|   target                          | pool        | layer's geometry, whatever the weight's packing)|
+|                                   |             | plus its bias, residual and activation epilogue |
 
 The norm category is given by `summary` to the arithmetic of a layer that
 computes `rsqrt`/`sqrt` without a conv or dot (batch, layer, group norm).
