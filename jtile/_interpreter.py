@@ -145,12 +145,16 @@ def inline(closed: jcore.ClosedJaxpr) -> jcore.ClosedJaxpr:
     return rewrite(closed, {})
 
 
+def is_known(x) -> bool:
+    """Whether `x` has a value now (a constant, a folded param), not a tracer."""
+    return not isinstance(x, jax.core.Tracer)
+
+
 def eager_if_known(*values):
-    """A context that evaluates jnp ops now when every one of `values` is a known
-    array (a folded constant, not a tracer), so that work on weights happens
-    once at trace time instead of on every call."""
-    known = not any(isinstance(v, jax.core.Tracer) for v in values)
-    return jax.ensure_compile_time_eval() if known else contextlib.nullcontext()
+    """A context that evaluates jnp ops now when every one of `values` is known
+    (`is_known`), so that work on weights happens once at trace time instead of
+    on every call."""
+    return jax.ensure_compile_time_eval() if all(map(is_known, values)) else contextlib.nullcontext()
 
 
 # ---------------------------------------------------------------- fn -> fn

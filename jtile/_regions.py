@@ -51,6 +51,24 @@ class SlidingWindow:
     def out_size(self) -> int:
         return (self.in_size + self.pad_lo + self.pad_hi - self.span) // self.stride + 1
 
+    def same_padding(self, upper: bool = True) -> tuple[int, int]:
+        """(lo, hi) padding giving `ceil(in_size / stride)` outputs, the odd row
+        at the high end (`upper`, ONNX SAME_UPPER / TF SAME) or the low end."""
+        total = max((-(-self.in_size // self.stride) - 1) * self.stride + self.span - self.in_size, 0)
+        small, big = total // 2, total - total // 2
+        return (small, big) if upper else (big, small)
+
+    def ceil_mode(self) -> "SlidingWindow":
+        """This window with `pad_hi` grown to count outputs rounding up (PyTorch's
+        ceil_mode): a last, partial window is kept if it starts inside the input
+        or the low padding."""
+        padded = self.in_size + self.pad_lo + self.pad_hi
+        count = -(-(padded - self.span) // self.stride) + 1
+        if (count - 1) * self.stride >= self.in_size + self.pad_lo:
+            count -= 1
+        extra = max((count - 1) * self.stride + self.span - padded, 0)
+        return dataclasses.replace(self, pad_hi=self.pad_hi + extra)
+
     def input_region(self, out: Window) -> tuple[Window, tuple[int, int]]:
         """The input rows `out` reads, and the (lo, hi) padding left to this tile."""
         start = out.start * self.stride - self.pad_lo

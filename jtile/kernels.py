@@ -31,7 +31,7 @@ import numpy as np
 from jax import lax
 
 from ._errors import ConfigError, UnsupportedError
-from ._interpreter import eager_if_known
+from ._interpreter import eager_if_known, is_known
 from ._regions import SlidingWindow
 
 Pair = tuple[int, int]
@@ -477,7 +477,7 @@ def dense(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
         raise ConfigError(f"dense: x {jnp.shape(x)} and w {jnp.shape(w)} do not chain ({op})")
     if b is not None and jnp.shape(b) != (n,):
         raise ConfigError(f"dense: bias must have shape ({n},), got {jnp.shape(b)}")
-    packed = m >= GEMV_ROWS["traced" if isinstance(w, jax.core.Tracer) else "known"]
+    packed = m >= GEMV_ROWS["known" if is_known(w) else "traced"]
     attrs = dict(_epilogue_attrs(activation, alpha, clip), transpose_w=np.int64(bool(transpose_w)),
                  packed=np.int64(packed))
     out = jax.ShapeDtypeStruct((m, n), jnp.float32)

@@ -229,22 +229,41 @@ struct ConvShape {
   int64_t og() const { return o / groups; }  // output channels per group
 };
 
-inline ffi::Error decode_conv(const F32Buffer& x, const F32Buffer& w, const F32Buffer& b,
-                              ffi::Span<const int64_t> attr, F32Result& y, ConvShape* s) {
-  auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
-  if (xd.size() != 4 || wd.size() != 4 || yd.size() != 4 || attr.size() != 9)
-    return ffi::Error::InvalidArgument("jtile conv: expected NCHW x, OIHW w and 9 conv attributes");
-  *s = ConvShape{xd[0], xd[1], xd[2], xd[3], wd[0], wd[1], wd[2], wd[3],
+// Output length of a sliding window along one axis (jtile._regions.SlidingWindow.out_size).
+inline int64_t window_out(int64_t in, int64_t k, int64_t stride, int64_t lo, int64_t hi,
+                          int64_t dilation = 1) {
+  return (in + lo + hi - dilation * (k - 1) - 1) / stride + 1;
+}
+
+// The conv's geometry from x, the weight's (O, C/groups, KH, KW), b, the
+// "conv" attribute and y, checked for consistency, and its epilogue.
+inline ffi::Error decode_conv(const F32Buffer& x, const int64_t (&weight)[4], const F32Buffer& b,
+                              ffi::Span<const int64_t> attr, F32Result& y, int64_t act,
+                              float alpha, float lo, float hi, ConvShape* s, Epilogue* ep) {
+  auto xd = x.dimensions(), yd = y->dimensions();
+  if (xd.size() != 4 || yd.size() != 4 || attr.size() != 9)
+    return ffi::Error::InvalidArgument("jtile conv: expected NCHW x and y and 9 conv attributes");
+  *s = ConvShape{xd[0], xd[1], xd[2], xd[3], weight[0], weight[1], weight[2], weight[3],
                  attr[0], attr[1], attr[2], attr[3], attr[4], attr[5], attr[6], attr[7], attr[8],
                  yd[2], yd[3]};
   bool ok = s->groups >= 1 && s->c == s->cg * s->groups && s->o % s->groups == 0 &&
             (int64_t)b.element_count() == s->o && yd[0] == s->n && yd[1] == s->o &&
             s->sh >= 1 && s->sw >= 1 && s->dh >= 1 && s->dw >= 1 &&
             std::min({s->pt, s->pb, s->pl, s->pr}) >= 0 &&
-            s->oh == (s->h + s->pt + s->pb - s->dh * (s->kh - 1) - 1) / s->sh + 1 &&
-            s->ow == (s->w + s->pl + s->pr - s->dw * (s->kw - 1) - 1) / s->sw + 1;
+            s->oh == window_out(s->h, s->kh, s->sh, s->pt, s->pb, s->dh) &&
+            s->ow == window_out(s->w, s->kw, s->sw, s->pl, s->pr, s->dw);
   if (!ok) return ffi::Error::InvalidArgument("jtile conv: inconsistent shapes or attributes");
-  return ffi::Error::Success();
+  return make_epilogue(act, alpha, lo, hi, ep);
+}
+
+// The same with the weight given as an OIHW buffer.
+inline ffi::Error decode_conv(const F32Buffer& x, const F32Buffer& w, const F32Buffer& b,
+                              ffi::Span<const int64_t> attr, F32Result& y, int64_t act,
+                              float alpha, float lo, float hi, ConvShape* s, Epilogue* ep) {
+  auto wd = w.dimensions();
+  if (wd.size() != 4) return ffi::Error::InvalidArgument("jtile conv: expected an OIHW w");
+  const int64_t weight[4] = {wd[0], wd[1], wd[2], wd[3]};
+  return decode_conv(x, weight, b, attr, y, act, alpha, lo, hi, s, ep);
 }
 
 }  // namespace jtile

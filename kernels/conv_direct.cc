@@ -17,8 +17,7 @@ ffi::Error ConvDirect(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer 
                       float hi, F32Result y) {
   ConvShape s;
   Epilogue ep;
-  if (auto e = decode_conv(x, w, b, attr, y, &s); e.failure()) return e;
-  if (auto e = make_epilogue(act, alpha, lo, hi, &ep); e.failure()) return e;
+  if (auto e = decode_conv(x, w, b, attr, y, act, alpha, lo, hi, &s, &ep); e.failure()) return e;
   const int64_t hp = s.h + s.pt + s.pb, wp = s.w + s.pl + s.pr, plane = hp * wp;
   const int64_t og = s.og(), nob = ceil_div(og, OB), taps = s.cg * s.kh * s.kw;
 

@@ -134,27 +134,19 @@ struct Im2col final : Operand {
 ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, F32Buffer res,
                    ffi::Span<const int64_t> attr, int64_t act, float alpha, float lo, float hi,
                    ffi::Span<const int64_t> kernel, int64_t pixel_rows, F32Result y) {
-  auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
-  if (xd.size() != 4 || yd.size() != 4 || wd.size() != 4 || attr.size() != 9 || kernel.size() != 3)
+  auto xd = x.dimensions(), wd = w.dimensions();
+  if (xd.size() != 4 || attr.size() != 9 || attr[8] < 1 || kernel.size() != 3)
     return ffi::Error::InvalidArgument(
-        "jtile smm: expected NCHW x, packed w (groups, strips, K, R), 9 conv attributes and [O, KH, KW]");
-  ConvShape s{xd[0], xd[1], xd[2], xd[3], kernel[0], 0, kernel[1], kernel[2],
-              attr[0], attr[1], attr[2], attr[3], attr[4], attr[5], attr[6], attr[7], attr[8],
-              yd[2], yd[3]};
+        "jtile smm: expected NCHW x, 9 conv attributes (groups >= 1) and [O, KH, KW]");
+  ConvShape s;
   Epilogue ep;
-  if (auto e = make_epilogue(act, alpha, lo, hi, &ep); e.failure()) return e;
-  if (s.groups < 1 || s.c % s.groups || s.o % s.groups)
-    return ffi::Error::InvalidArgument("jtile smm: groups must divide the channels");
-  s.cg = s.c / s.groups;
+  const int64_t weight[4] = {kernel[0], xd[1] / attr[8], kernel[1], kernel[2]};
+  if (auto e = decode_conv(x, weight, b, attr, y, act, alpha, lo, hi, &s, &ep); e.failure()) return e;
   const int64_t og = s.og(), taps = s.cg * s.kh * s.kw, pixels = s.oh * s.ow;
   const int r = pixel_rows ? GEMM_NR : GEMM_MR;
-  const bool ok = wd[0] == s.groups && wd[1] == ceil_div(og, r) && wd[2] == taps && wd[3] == r &&
-                  (int64_t)b.element_count() == s.o && yd[0] == s.n && yd[1] == s.o &&
-                  s.sh >= 1 && s.sw >= 1 && s.dh >= 1 && s.dw >= 1 &&
-                  std::min({s.pt, s.pb, s.pl, s.pr}) >= 0 &&
-                  s.oh == (s.h + s.pt + s.pb - s.dh * (s.kh - 1) - 1) / s.sh + 1 &&
-                  s.ow == (s.w + s.pl + s.pr - s.dw * (s.kw - 1) - 1) / s.sw + 1;
-  if (!ok) return ffi::Error::InvalidArgument("jtile smm: inconsistent shapes, packing or attributes");
+  if (wd.size() != 4 || wd[0] != s.groups || wd[1] != ceil_div(og, r) || wd[2] != taps || wd[3] != r)
+    return ffi::Error::InvalidArgument(
+        "jtile smm: the packed w (groups, strips, K, R) does not match the conv and the GEMM tile");
   const bool has_residual = res.element_count() > 0;
   if (has_residual && res.element_count() != y->element_count())
     return ffi::Error::InvalidArgument("jtile smm: the residual must be empty or have the output's shape");
@@ -166,7 +158,7 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, 
     float* yg = y->typed_data() + g * og * pixels;
     const float* rg = has_residual ? res.typed_data() + g * og * pixels : nullptr;
     if (pixel_rows) {
-      GemmOutput out{yg, pixels, nullptr, bias, ep, rg, true, pixels, s.o * pixels};
+      GemmOutput out{yg, pixels, nullptr, bias, ep, rg, pixels, s.o * pixels};
       gemm(pool, s.n * pixels, og, taps, Im2col(s, x.typed_data() + g * s.cg * s.h * s.w), wg, out);
       continue;
     }

@@ -176,8 +176,7 @@ ffi::Error ConvDepthwise(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buff
   Plan p;
   ConvShape& s = p.s;
   Epilogue ep;
-  if (auto e = decode_conv(x, w, b, attr, y, &s); e.failure()) return e;
-  if (auto e = make_epilogue(act, alpha, lo, hi, &ep); e.failure()) return e;
+  if (auto e = decode_conv(x, w, b, attr, y, act, alpha, lo, hi, &s, &ep); e.failure()) return e;
   if (s.groups != s.c || s.cg != 1)
     return ffi::Error::InvalidArgument("jtile depthwise: needs groups == input channels");
   if (s.n * s.o * s.oh * s.ow == 0) return ffi::Error::Success();

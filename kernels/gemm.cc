@@ -201,7 +201,7 @@ void gemm(ffi::ThreadPool& pool, int64_t m, int64_t n, int64_t k, const Operand&
     const int64_t nc_strips = ceil_div(nc, NR);
     // Transposed output: accumulate here, rows (s - s0) * MR, columns j.
     const int64_t ldb = nc_strips * NR;
-    float* cbuf = out.transposed ? thread_buffer<1>((s1 - s0) * MR * ldb) : nullptr;
+    float* cbuf = out.transposed() ? thread_buffer<1>((s1 - s0) * MR * ldb) : nullptr;
     float* bbuf = nullptr;
     for (int64_t kb = 0; kb < kblocks; ++kb) {
       const int64_t k0 = kb * KC, kc = std::min(KC, k - k0);
@@ -220,7 +220,7 @@ void gemm(ffi::ThreadPool& pool, int64_t m, int64_t n, int64_t k, const Operand&
         for (int64_t s = s0; s < s1; ++s) {
           const int64_t row = s * MR, col = n0 + j * NR;
           const int rows = (int)std::min<int64_t>(MR, m - row), cols = (int)std::min<int64_t>(NR, n - col);
-          Tile t = out.transposed
+          Tile t = out.transposed()
               ? Tile{cbuf + (s - s0) * MR * ldb + j * NR, ldb, rows, cols, kb > 0, false,
                      nullptr, nullptr, &out.ep, nullptr}
               : Tile{out.c + row * out.ldc + col, out.ldc, rows, cols, kb > 0, kb == kblocks - 1,
@@ -231,7 +231,7 @@ void gemm(ffi::ThreadPool& pool, int64_t m, int64_t n, int64_t k, const Operand&
         }
       }
     }
-    if (out.transposed)
+    if (out.transposed())
       write_transposed(cbuf, ldb, s0 * MR, std::min(m, s1 * MR) - s0 * MR, n0, nc, out);
   });
 }

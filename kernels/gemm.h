@@ -67,11 +67,11 @@ struct GemmOutput {
   const float* col_bias;  // (N,) added along columns, or null
   Epilogue ep;
   const float* residual = nullptr;  // laid out as c, added before ep, or null
-  // Transposed: C[i][j] goes to c[i / block * block_stride + j * ldc + i % block]
-  // (and the residual is read there)
-  // (conv: i = (image, pixel) with block = pixels, j = output channel).
-  bool transposed = false;
+  // block > 0: C is stored transposed, C[i][j] at c[i / block * block_stride +
+  // j * ldc + i % block], and the residual is read there (conv: i = (image,
+  // pixel) with block = pixels, j = output channel).
   int64_t block = 0, block_stride = 0;
+  bool transposed() const { return block > 0; }
 };
 
 void gemm(ffi::ThreadPool& pool, int64_t m, int64_t n, int64_t k, const Operand& a,

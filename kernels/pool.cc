@@ -22,7 +22,7 @@ ffi::Error decode_pool(const F32Buffer& x, ffi::Span<const int64_t> a, F32Result
   int64_t r = xd.size();
   *p = PoolShape{(int64_t)x.element_count() / (xd[r - 2] * xd[r - 1]), xd[r - 2], xd[r - 1],
                  a[0], a[1], a[2], a[3], a[4], a[6], yd[r - 2], yd[r - 1]};
-  if (p->oh != (p->h + a[4] + a[5] - p->kh) / p->sh + 1 || p->ow != (p->w + a[6] + a[7] - p->kw) / p->sw + 1)
+  if (p->oh != window_out(p->h, p->kh, p->sh, a[4], a[5]) || p->ow != window_out(p->w, p->kw, p->sw, a[6], a[7]))
     return ffi::Error::InvalidArgument("jtile pool: output shape does not match the attributes");
   return ffi::Error::Success();
 }

@@ -379,8 +379,7 @@ ffi::Error ConvWinograd(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffe
   Plan p;
   ConvShape& s = p.s;
   Epilogue ep;
-  if (auto e = decode_conv(x, w, b, attr, y, &s); e.failure()) return e;
-  if (auto e = make_epilogue(act, alpha, lo, hi, &ep); e.failure()) return e;
+  if (auto e = decode_conv(x, w, b, attr, y, act, alpha, lo, hi, &s, &ep); e.failure()) return e;
   if (s.kh != 3 || s.kw != 3 || s.sh != 1 || s.sw != 1 || s.dh != 1 || s.dw != 1 || s.groups != 1)
     return ffi::Error::InvalidArgument(
         "jtile winograd: needs a 3x3 kernel, stride 1, dilation 1 and groups 1");

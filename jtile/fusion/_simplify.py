@@ -23,18 +23,14 @@ import jax
 import numpy as np
 from jax.extend.core import Literal
 
-from .._interpreter import CONTROL_FLOW, bind, iter_eqns
-
-
-def _known(x) -> bool:
-    return not isinstance(x, jax.core.Tracer)
+from .._interpreter import CONTROL_FLOW, bind, is_known, iter_eqns
 
 
 def _fold_rule(max_growth: float, eqn, *invals):
     out_size = sum(math.prod(v.aval.shape) for v in eqn.outvars)
     in_size = sum(np.size(x) for x in invals)
     small = out_size <= max(4096, max_growth * in_size)
-    if small and all(_known(x) for x in invals) and not eqn.effects:
+    if small and all(map(is_known, invals)) and not eqn.effects:
         with jax.ensure_compile_time_eval():
             out = bind(eqn, *invals)
     else:

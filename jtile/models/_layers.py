@@ -29,6 +29,7 @@ import numpy as np
 from jax import lax
 
 from .._errors import ConfigError
+from .._interpreter import is_known
 from .._regions import SlidingWindow
 
 _NCHW = ("NCHW", "OIHW", "NCHW")
@@ -51,7 +52,7 @@ def _draw(key: jax.Array, shape: tuple[int, ...], scale: float, *, uniform: bool
     """`scale` times N(0, 1) (or U(-1, 1)) float32 samples, a function of `key` only."""
     data = jax.random.key_data(key)
     draw = functools.partial(_host_draw, shape=shape, scale=scale, uniform=uniform)
-    if isinstance(data, jax.core.Tracer):
+    if not is_known(data):
         out = jax.ShapeDtypeStruct(shape, jnp.float32)
         return jax.pure_callback(draw, out, data, vmap_method="sequential")
     return jnp.asarray(draw(data))
@@ -94,7 +95,7 @@ def _window_out(
     if window.out_size < 1:
         raise ConfigError(
             f"{name}: spatial size {size} (padded {size + lo + hi}) is smaller than the "
-            f"window {(kernel - 1) * dilation + 1}; use a larger input size"
+            f"window {window.span}; use a larger input size"
         )
     return window.out_size
 

@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 
 from .._errors import ConfigError, JtileError, OnnxError, UnsupportedError
+from .._interpreter import is_known
 from . import _proto
 from .ops import REGISTRY, Node, OpSpec
 
@@ -207,7 +208,7 @@ def _proto_jax_dtype(dtype: np.dtype | None) -> np.dtype:
 
 def _check_input(name: str, shape, dtype, x, static: bool) -> Any:
     if static:
-        if isinstance(x, jax.core.Tracer):
+        if not is_known(x):
             raise UnsupportedError(f"onnx model: input {name!r} feeds a shape operand (a reshape target, axes, "
                                    "pads, sizes...) and must be a concrete array, not traced; pass it as numpy")
         x = np.asarray(x, dtype)

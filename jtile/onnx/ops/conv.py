@@ -6,7 +6,6 @@ MaxPool's Indices output is the flat index into the input (int32 unless
 jax_enable_x64 is on).
 """
 
-import math
 
 import jax.numpy as jnp
 import numpy as np
@@ -33,11 +32,10 @@ def _spatial_attrs(node, x, kernel):
     auto_pad = node.attr("auto_pad", "NOTSET")
     size = np.shape(x)[2:]
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        pairs = []
-        for i, s, k, d in zip(size, strides, kernel, dilations):
-            total = max((math.ceil(i / s) - 1) * s + SlidingWindow(i, k, s, dilation=d).span - i, 0)
-            small, big = total // 2, total - total // 2
-            pairs.append((small, big) if auto_pad == "SAME_UPPER" else (big, small))
+        pairs = [
+            SlidingWindow(i, k, s, dilation=d).same_padding(upper=auto_pad == "SAME_UPPER")
+            for i, s, k, d in zip(size, strides, kernel, dilations)
+        ]
     elif auto_pad == "VALID":
         pairs = [(0, 0)] * n
     elif auto_pad == "NOTSET":
@@ -126,14 +124,9 @@ def _pool_padding(node, x, kernel, strides, dilations, pads):
     """Pads with the ceil_mode overhang added at the high end (PyTorch semantics)."""
     if not node.attr("ceil_mode", 0):
         return pads
-    out = []
-    for i, k, s, d, (lo, hi) in zip(np.shape(x)[2:], kernel, strides, dilations, pads):
-        span = SlidingWindow(i, k, s, lo, hi, d).span
-        n_out = math.ceil((i + lo + hi - span) / s) + 1
-        if (n_out - 1) * s >= i + lo:
-            n_out -= 1
-        out.append((lo, hi + max((n_out - 1) * s + span - i - lo - hi, 0)))
-    return out
+    windows = (SlidingWindow(i, k, s, lo, hi, d).ceil_mode()
+               for i, k, s, d, (lo, hi) in zip(np.shape(x)[2:], kernel, strides, dilations, pads))
+    return [(w.pad_lo, w.pad_hi) for w in windows]
 
 
 def _window(node, x):
