@@ -1,0 +1,195 @@
+"""Live activation bytes of an order, the memory-minimising order, and the arena plan.
+
+`peak_bytes` measures an order; `memory_order` searches for the order of
+least peak: Serenity's dynamic programming over the sets of nodes already
+run (their frontier decides what is live), after cutting the graph where
+every path crosses one node (each piece is solved on its own, exactly).
+A piece of at most `exact_limit` nodes is searched exhaustively; a larger one
+keeps the `beam` best states per level, a heuristic. `plan_arena` places
+every buffer at an offset in one arena, TFLite Micro's greedy-by-size idea:
+largest buffer first, at the lowest offset free during its lifetime.
+
+!!! warning
+
+    Inputs and outputs count as activations (they occupy memory while live);
+    parameters do not. Sizes are the arrays' bytes, no padding or in-place reuse.
+"""
+
+import dataclasses
+
+from ._dag import Dag
+
+
+def lifetimes(dag: Dag, order: list[int]) -> list[tuple[int, int]]:
+    """`(first step, last step)` of every buffer under `order`; outputs live to the end."""
+    position = {node: k for k, node in enumerate(order)}
+    end = len(order) - 1
+    spans = []
+    for buf in dag.buffers:
+        first = position[buf.producer]
+        last = max((position[c] for c in buf.consumers), default=first)
+        spans.append((first, end if buf.is_output else last))
+    return spans
+
+
+def live_bytes(dag: Dag, order: list[int]) -> list[int]:
+    """Bytes live at each step of `order` (the running node's inputs and outputs included)."""
+    delta = [0] * (len(order) + 1)
+    for buf, (first, last) in zip(dag.buffers, lifetimes(dag, order)):
+        delta[first] += buf.nbytes
+        delta[last + 1] -= buf.nbytes
+    live, total = [], 0
+    for d in delta[:-1]:
+        total += d
+        live.append(total)
+    return live
+
+
+def peak_bytes(dag: Dag, order: list[int]) -> int:
+    """The peak of `live_bytes`."""
+    return max(live_bytes(dag, order), default=0)
+
+
+# ------------------------------------------------------------ memory-minimising order
+
+
+def _cuts(dag: Dag, order: list[int]) -> list[int]:
+    """Positions t of `order` after which every optimal order may finish order[:t+1] first:
+    every node before t feeds nodes up to t only (so it is an ancestor of
+    order[t]), and every non-source node after t descends from order[t]."""
+    n = len(order)
+    position = {node: k for k, node in enumerate(order)}
+    # furthest successor of each position; a sink other than the cut node blocks every later cut
+    reach = [max((position[s] for s in dag.succs[node]), default=n) for node in order]
+    anchor = [n] * (n + 1)  # suffix minimum of "latest non-source parent" of non-source nodes
+    for k in range(n - 1, -1, -1):
+        node = order[k]
+        parents = [position[p] for p in dag.preds[node] if dag.preds[p]]
+        mine = max(parents, default=-1) if dag.preds[node] else n
+        anchor[k] = min(anchor[k + 1], mine)
+    cuts, furthest = [], -1
+    for t in range(n - 1):
+        if furthest <= t and anchor[t + 1] >= t:
+            cuts.append(t)
+        furthest = max(furthest, reach[t])
+    return cuts
+
+
+def _search(dag: Dag, piece: list[int], done: set[int], beam: int) -> tuple[list[int], int, bool]:
+    """Least-peak order of `piece` given that `done` already ran: (order, peak, exact)."""
+    local = {node: j for j, node in enumerate(piece)}
+    m = len(piece)
+    pred_mask = [sum(1 << local[p] for p in dag.preds[node] if p in local) for node in piece]
+    made = [sum(dag.buffers[b].nbytes for b in dag.made[node]) for node in piece]
+    base, reads = 0, [[] for _ in piece]  # buffers this piece frees: (bytes, mask of readers here)
+    freed_now = [0] * m
+    for b, buf in enumerate(dag.buffers):
+        readers = sum(1 << local[c] for c in buf.consumers if c in local)
+        if buf.producer in done and (buf.is_output or readers):
+            base += buf.nbytes
+        if buf.is_output or not (buf.producer in local or readers):
+            continue
+        if not readers:
+            freed_now[local[buf.producer]] += buf.nbytes
+            continue
+        for c in buf.consumers:
+            if c in local:
+                reads[local[c]].append((buf.nbytes, readers))
+    states = {0: (0, base)}
+    history = []
+    exact = True
+    for _ in range(m):
+        nxt: dict[int, tuple[int, int]] = {}
+        parents: dict[int, tuple[int, int]] = {}
+        for mask, (peak, live) in states.items():
+            for j in range(m):
+                if mask >> j & 1 or pred_mask[j] & ~mask:
+                    continue
+                new = mask | 1 << j
+                step_peak = max(peak, live + made[j])
+                after = live + made[j] - freed_now[j] - sum(size for size, r in reads[j] if not r & ~new)
+                if new not in nxt or (step_peak, after) < nxt[new]:
+                    nxt[new] = (step_peak, after)
+                    parents[new] = (mask, j)
+        if len(nxt) > beam:
+            exact = False
+            nxt = dict(sorted(nxt.items(), key=lambda kv: kv[1])[:beam])
+        history.append(parents)
+        states = nxt
+    (mask, (peak, _)), = states.items()
+    order = []
+    for parents in reversed(history):
+        mask, j = parents[mask]
+        order.append(piece[j])
+    return order[::-1], peak, exact
+
+
+def memory_order(dag: Dag, exact_limit: int = 30, beam: int = 64) -> tuple[list[int], bool]:
+    """The order of least peak live bytes (heuristic beyond `exact_limit`), and whether it is exact."""
+    program = dag.topological
+    bounds = [-1, *_cuts(dag, program), len(program) - 1]
+    order: list[int] = []
+    exact = True
+    for a, b in zip(bounds, bounds[1:]):
+        piece = program[a + 1 : b + 1]
+        width = 200_000 if len(piece) <= exact_limit else beam
+        part, _, piece_exact = _search(dag, piece, set(order), width)
+        order += part
+        exact &= piece_exact
+    return order, exact
+
+
+# ------------------------------------------------------------ arena
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedBuffer:
+    """One activation in the arena: bytes [offset, offset + size) during steps [first, last]."""
+
+    name: str
+    size: int
+    first: int
+    last: int
+    offset: int
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """A static arena for one order: every activation's offset and lifetime."""
+
+    buffers: list[PlannedBuffer]
+    arena_bytes: int
+    naive_bytes: int
+    peak_bytes: int
+
+    def table(self) -> str:
+        rows = [f"{'buffer':<40} {'bytes':>12} {'offset':>12}  steps"]
+        rows += [f"{b.name:<40} {b.size:>12,} {b.offset:>12,}  {b.first}..{b.last}" for b in self.buffers]
+        rows.append(f"arena {self.arena_bytes:,} B, peak live {self.peak_bytes:,} B, "
+                    f"sum of buffers {self.naive_bytes:,} B")
+        return "\n".join(rows)
+
+
+def plan_arena(dag: Dag, order: list[int], align: int = 64) -> MemoryPlan:
+    """Greedy by size: biggest first, each at the lowest aligned offset free over its lifetime."""
+    spans = lifetimes(dag, order)
+    todo = sorted(range(len(dag.buffers)), key=lambda b: (-dag.buffers[b].nbytes, spans[b][0]))
+    placed: list[tuple[int, int, int, int]] = []  # (offset, end, first, last)
+    offsets = {}
+    for b in todo:
+        size, (first, last) = dag.buffers[b].nbytes, spans[b]
+        busy = sorted((o, e) for o, e, f, l in placed if f <= last and first <= l)
+        offset = 0
+        for o, e in busy:
+            if offset + size <= o:
+                break
+            offset = max(offset, -(-e // align) * align)
+        offsets[b] = offset
+        placed.append((offset, offset + size, first, last))
+    buffers = [PlannedBuffer(buf.name, buf.nbytes, *spans[b], offsets[b]) for b, buf in enumerate(dag.buffers)]
+    return MemoryPlan(
+        buffers=sorted(buffers, key=lambda p: (p.first, p.offset)),
+        arena_bytes=max((o + s for o, s in ((p.offset, p.size) for p in buffers)), default=0),
+        naive_bytes=sum(buf.nbytes for buf in dag.buffers),
+        peak_bytes=peak_bytes(dag, order),
+    )
