@@ -96,11 +96,13 @@ def bind(eqn: jcore.JaxprEqn, *invals) -> list:
     return list(out) if eqn.primitive.multiple_results else [out]
 
 
-def eval_jaxpr(jaxpr: jcore.Jaxpr, consts, *args, rules: Rules) -> list:
+def eval_jaxpr(jaxpr: jcore.Jaxpr, consts, *args, rules: Rules, default: Rule | None = None) -> list:
     """Evaluate `jaxpr` on `args` under the current trace, applying `rules`.
 
     A rule is called as `rule(eqn, *invals)` and returns the output value, or a
-    list of them when the primitive has multiple results.
+    list of them when the primitive has multiple results. `default`, if given,
+    is the rule of every equation without one, in place of re-binding,
+    inlining or interpreting control flow (an observer's hook).
     """
     env: dict = {}
 
@@ -116,8 +118,9 @@ def eval_jaxpr(jaxpr: jcore.Jaxpr, consts, *args, rules: Rules) -> list:
         name = eqn.primitive.name
         name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
         with source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack):
-            if name in rules:
-                out = rules[name](eqn, *invals)
+            rule = rules.get(name, default)
+            if rule is not None:
+                out = rule(eqn, *invals)
                 out = list(out) if eqn.primitive.multiple_results else [out]
             elif name in _INLINED:
                 inner, inner_consts = _split_closed(eqn.params[_INLINED[name]])
