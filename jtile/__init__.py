@@ -19,4 +19,6 @@ from .analysis import intercept as intercept
 from .analysis import summary as summary
 from .fusion import fuse as fuse
 from .gemm import split_gemm as split_gemm
+from .schedule import Schedule as Schedule
+from .schedule import schedule as schedule
 from .tiling import tile_conv as tile_conv

@@ -20,22 +20,26 @@ import dataclasses
 from ._dag import Dag
 
 
-def lifetimes(dag: Dag, order: list[int]) -> list[tuple[int, int]]:
-    """`(first step, last step)` of every buffer under `order`; outputs live to the end."""
-    position = {node: k for k, node in enumerate(order)}
-    end = len(order) - 1
+def lifetimes(dag: Dag, sequence: list[int]) -> list[tuple[int, int]]:
+    """`(first step, last step)` of every buffer under a run sequence: from its producer's
+    first run to its readers' last run; outputs live to the end."""
+    first_run, last_run = {}, {}
+    for k, node in enumerate(sequence):
+        first_run.setdefault(node, k)
+        last_run[node] = k
+    end = len(sequence) - 1
     spans = []
     for buf in dag.buffers:
-        first = position[buf.producer]
-        last = max((position[c] for c in buf.consumers), default=first)
+        first = first_run[buf.producer]
+        last = max((last_run[c] for c in buf.consumers), default=first)
         spans.append((first, end if buf.is_output else last))
     return spans
 
 
-def live_bytes(dag: Dag, order: list[int]) -> list[int]:
-    """Bytes live at each step of `order` (the running node's inputs and outputs included)."""
-    delta = [0] * (len(order) + 1)
-    for buf, (first, last) in zip(dag.buffers, lifetimes(dag, order)):
+def live_bytes(dag: Dag, sequence: list[int]) -> list[int]:
+    """Bytes live at each run of `sequence` (the running node's inputs and outputs included)."""
+    delta = [0] * (len(sequence) + 1)
+    for buf, (first, last) in zip(dag.buffers, lifetimes(dag, sequence)):
         delta[first] += buf.nbytes
         delta[last + 1] -= buf.nbytes
     live, total = [], 0
@@ -45,9 +49,9 @@ def live_bytes(dag: Dag, order: list[int]) -> list[int]:
     return live
 
 
-def peak_bytes(dag: Dag, order: list[int]) -> int:
+def peak_bytes(dag: Dag, sequence: list[int]) -> int:
     """The peak of `live_bytes`."""
-    return max(live_bytes(dag, order), default=0)
+    return max(live_bytes(dag, sequence), default=0)
 
 
 # ------------------------------------------------------------ memory-minimising order
@@ -170,9 +174,9 @@ class MemoryPlan:
         return "\n".join(rows)
 
 
-def plan_arena(dag: Dag, order: list[int], align: int = 64) -> MemoryPlan:
+def plan_arena(dag: Dag, sequence: list[int], align: int = 64) -> MemoryPlan:
     """Greedy by size: biggest first, each at the lowest aligned offset free over its lifetime."""
-    spans = lifetimes(dag, order)
+    spans = lifetimes(dag, sequence)
     todo = sorted(range(len(dag.buffers)), key=lambda b: (-dag.buffers[b].nbytes, spans[b][0]))
     placed: list[tuple[int, int, int, int]] = []  # (offset, end, first, last)
     offsets = {}
@@ -191,5 +195,5 @@ def plan_arena(dag: Dag, order: list[int], align: int = 64) -> MemoryPlan:
         buffers=sorted(buffers, key=lambda p: (p.first, p.offset)),
         arena_bytes=max((o + s for o, s in ((p.offset, p.size) for p in buffers)), default=0),
         naive_bytes=sum(buf.nbytes for buf in dag.buffers),
-        peak_bytes=peak_bytes(dag, order),
+        peak_bytes=peak_bytes(dag, sequence),
     )
