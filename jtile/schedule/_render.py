@@ -47,7 +47,7 @@ def _num(x: float) -> str:
 
 def gantt(bars: list[Bar], title: str | None = None) -> str:
     lines = [_HEADER] + ([f"title {title}"] if title else []) + [_line(b) for b in bars]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n\n"
 
 
 def factorized(sections: list[tuple[int, list[Bar]]]) -> str:
@@ -56,7 +56,7 @@ def factorized(sections: list[tuple[int, list[Bar]]]) -> str:
     for k, (repeats, bars) in enumerate(sections):
         lines.append(f"section seq#{k}" + (f" (x{repeats})" if repeats > 1 else ""))
         lines += [_line(dataclasses.replace(b, active=repeats > 1)) for b in bars]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n\n"
 
 
 def flowchart(nodes: list[tuple[str, str, bool]], edges: list[tuple[int, int, str]]) -> str:

@@ -26,6 +26,11 @@ from .._interpreter import eval_jaxpr, is_array
 from .._roles import as_call
 
 
+def _jaxpr(constvars: list, invars: list, outvars: list, eqns: list, effects) -> jcore.Jaxpr:
+    info = jcore.DebugInfo("jtile.schedule", None, ("",) * len(invars), ("",) * len(outvars))
+    return jcore.Jaxpr(constvars, invars, outvars, eqns, effects, info)
+
+
 def flat_arguments(where: str, graph: Graph, fn, args: tuple) -> list:
     """The graph's input leaves from `fn` and `args`, checked against the traced shapes."""
     fn, args, _ = as_call(fn, args)
@@ -56,8 +61,8 @@ class Runner:
         reads = list({id(v): v for op in ops for v in op.ins
                       if v.role != "literal" and id(v) not in mine}.values())
         outs = [v for op in ops for v in op.outs if v.consumers or v.is_output]
-        jaxpr = jcore.Jaxpr([], [v.var for v in reads], [v.var for v in outs], [op.eqn for op in ops],
-                            self.graph.closed.jaxpr.effects)
+        jaxpr = _jaxpr([], [v.var for v in reads], [v.var for v in outs], [op.eqn for op in ops],
+                       self.graph.closed.jaxpr.effects)
         return jaxpr, [v.index for v in reads], [v.index for v in outs]
 
     def _step(self, k: int, env: dict) -> None:
@@ -84,5 +89,5 @@ class Runner:
 def reordered(graph: Graph, eqn_order: list) -> Callable:
     """`f(*leaves)` evaluating `graph`'s equations in `eqn_order` under the caller's trace."""
     jaxpr = graph.closed.jaxpr
-    body = jcore.Jaxpr(jaxpr.constvars, jaxpr.invars, jaxpr.outvars, eqn_order, jaxpr.effects)
+    body = _jaxpr(jaxpr.constvars, jaxpr.invars, jaxpr.outvars, eqn_order, jaxpr.effects)
     return lambda *leaves: eval_jaxpr(body, graph.closed.consts, *leaves, rules={})

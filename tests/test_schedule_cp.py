@@ -1,0 +1,261 @@
+"""Consumer-producer schedules (seed 002 against Aidge 0.10.1's own output), rendering, LSTM, stripes."""
+
+import re
+from collections import Counter
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jtile
+from jtile import ConfigError
+from jtile.schedule import (CPModel, Roofline, seed_convs, seed_convs_params, seed_lstm, seed_lstm_params,
+                            stripe_pipeline)
+
+# Aidge 0.10.1, seed 002's dataflow example, save_factorized_static_scheduling_diagram (peers/aidge).
+AIDGE_FACTORIZED = """gantt
+dateFormat x
+axisFormat %Q
+
+section seq#0
+dataProvider (Producer#0) :milestone, 0, 0
+section seq#1 (x3)
+conv1 (Conv2D_DF#0) :milestone, active, 1, 1
+section seq#2 (x2)
+conv2 (Conv2D_DF#1) :milestone, active, 2, 2
+conv1 (Conv2D_DF#0) :milestone, active, 3, 3
+section seq#3 (x41)
+conv2 (Conv2D_DF#1) :milestone, active, 4, 4
+conv3 (Conv2D_DF#2) :milestone, active, 5, 5
+conv1 (Conv2D_DF#0) :milestone, active, 5, 5
+section seq#4
+conv2 (Conv2D_DF#1) :milestone, 6, 6
+section seq#5
+conv3 (Conv2D_DF#2) :milestone, 7, 7
+
+"""
+
+# The same run's save_static_scheduling_diagram: its first 28 runs and its last 4.
+AIDGE_FULL_HEAD = """dataProvider (Producer#0) :milestone, 0, 0
+conv1 (Conv2D_DF#0) :milestone, 1, 1
+conv1 (Conv2D_DF#0) :milestone, 2, 2
+conv1 (Conv2D_DF#0) :milestone, 3, 3
+conv2 (Conv2D_DF#1) :milestone, 4, 4
+conv1 (Conv2D_DF#0) :milestone, 5, 5
+conv2 (Conv2D_DF#1) :milestone, 6, 6
+conv1 (Conv2D_DF#0) :milestone, 7, 7
+conv2 (Conv2D_DF#1) :milestone, 8, 8
+conv3 (Conv2D_DF#2) :milestone, 9, 9
+conv1 (Conv2D_DF#0) :milestone, 9, 9
+conv2 (Conv2D_DF#1) :milestone, 10, 10
+conv3 (Conv2D_DF#2) :milestone, 11, 11
+conv1 (Conv2D_DF#0) :milestone, 11, 11
+conv2 (Conv2D_DF#1) :milestone, 12, 12
+conv3 (Conv2D_DF#2) :milestone, 13, 13
+conv1 (Conv2D_DF#0) :milestone, 13, 13
+conv2 (Conv2D_DF#1) :milestone, 14, 14
+conv3 (Conv2D_DF#2) :milestone, 15, 15
+conv1 (Conv2D_DF#0) :milestone, 15, 15
+conv2 (Conv2D_DF#1) :milestone, 16, 16
+conv3 (Conv2D_DF#2) :milestone, 17, 17
+conv1 (Conv2D_DF#0) :milestone, 17, 17
+conv2 (Conv2D_DF#1) :milestone, 18, 18
+conv3 (Conv2D_DF#2) :milestone, 19, 19
+conv1 (Conv2D_DF#0) :milestone, 19, 19
+conv2 (Conv2D_DF#1) :milestone, 20, 20
+conv3 (Conv2D_DF#2) :milestone, 21, 21"""
+AIDGE_FULL_TAIL = """conv3 (Conv2D_DF#2) :milestone, 89, 89
+conv1 (Conv2D_DF#0) :milestone, 89, 89
+conv2 (Conv2D_DF#1) :milestone, 90, 90
+conv3 (Conv2D_DF#2) :milestone, 91, 91"""
+
+
+class LineByLine(CPModel):
+    """Seed 002's Conv2D_DataFlow_CP: 3 "lines" (dims[2] elements) first, then 1 per run."""
+
+    def start(self, inputs, output):
+        super().start(inputs, output)
+        self.begin = True
+
+    def required(self, i):
+        return (3 if self.begin else 1) * self.inputs[i][2]
+
+    def produced(self):
+        self.begin = False
+        return self.output[2]
+
+
+def aidge_names(text: str) -> str:
+    text = text.replace("args[1] (input#0)", "dataProvider (Producer#0)")
+    return re.sub(r"\(conv#(\d)\)", r"(Conv2D_DF#\1)", text)
+
+
+@pytest.fixture
+def pipelined(getkey):
+    params = seed_convs_params(getkey())
+    x = jax.random.normal(getkey(), (1, 3, 16, 16))
+    s = jtile.schedule(seed_convs, params, x, cp=lambda node: None if node.kind == "input" else LineByLine())
+    return s, params, x
+
+
+def test_line_by_line_counts_match_aidge(pipelined):
+    s, _, _ = pipelined
+    assert s.counts == Counter({"conv1": 46, "conv2": 44, "conv3": 42, "args[1]": 1})
+
+
+def test_factorized_diagram_is_aidges(pipelined):
+    s, _, _ = pipelined
+    assert aidge_names(s.to_mermaid("factorized")) == AIDGE_FACTORIZED
+
+
+def test_full_pipelined_gantt_is_aidges(pipelined):
+    s, _, _ = pipelined
+    lines = aidge_names(s.to_mermaid("gantt")).splitlines()
+    assert lines[:4] == ["gantt", "dateFormat x", "axisFormat %Q", ""] and lines[-1] == ""
+    runs = lines[4:-1]
+    assert len(runs) == 1 + 46 + 44 + 42
+    assert runs[:28] == AIDGE_FULL_HEAD.splitlines()
+    assert runs[-4:] == AIDGE_FULL_TAIL.splitlines()
+
+
+def test_pipelined_schedule_still_runs_the_function(pipelined, tree_allclose):
+    s, params, x = pipelined
+    assert tree_allclose(s.run(params, x), seed_convs(params, x))
+
+
+def test_default_model_is_one_whole_tensor_run_per_node(getkey):
+    params = seed_convs_params(getkey())
+    x = jnp.ones((1, 3, 16, 16))
+    plain = jtile.schedule(seed_convs, params, x)
+    tokens = jtile.schedule(seed_convs, params, x, cp={})
+    assert tokens.order == plain.order and tokens.early == plain.early and tokens.late == plain.late
+
+
+class Greedy(CPModel):
+    def required(self, i):
+        return 10 * super().required(i)
+
+
+class Silent(CPModel):
+    def produced(self):
+        return 0
+
+
+class Hungry(LineByLine):
+    def required(self, i):
+        return (3 if self.begin else 2) * self.inputs[i][2]
+
+
+class Idle(CPModel):
+    def required(self, i):
+        return 0
+
+
+@pytest.mark.parametrize("cp, message", [
+    ({"conv2": Greedy()}, r"node 'conv2' never runs: its input #0 from 'conv1' needs 7680 elements, "
+                          r"but 'conv1' makes only 768 in total"),
+    ({"conv1": Silent()}, r"node 'conv2' never runs: its input #0 from 'conv1' needs 768 elements, "
+                          r"but 'conv1' makes only 0"),
+    ({"conv1": Hungry()}, r"node 'conv1' stops with 16 of the 768 elements of its input #0 from 'args\[1\]' "
+                          r"unconsumed"),
+    ({"conv3": Idle()}, r"node 'conv3' consumes nothing per run"),
+    ({"conv9": CPModel()}, r"cp names unknown node\(s\) 'conv9'"),
+])
+def test_cp_models_whose_data_never_arrives_are_named(getkey, cp, message):
+    params = seed_convs_params(getkey())
+    with pytest.raises(ConfigError, match=message):
+        jtile.schedule(seed_convs, params, jnp.ones((1, 3, 16, 16)), cp=cp)
+
+
+def test_cp_schedule_refuses_another_policy(getkey):
+    params = seed_convs_params(getkey())
+    with pytest.raises(ConfigError, match="policy must be 'program'"):
+        jtile.schedule(seed_convs, params, jnp.ones((1, 3, 16, 16)), cp={}, policy="memory")
+
+
+def lstm_args(getkey):
+    return (seed_lstm_params(getkey()), jax.random.normal(getkey(), (5, 1, 4)),
+            jnp.zeros((1, 8)), jnp.zeros((1, 8)))
+
+
+def test_seed_lstm_has_slack_and_wide_steps(getkey, tree_allclose):
+    args = lstm_args(getkey)
+    s = jtile.schedule(seed_lstm, *args)
+    per_step = [n for n in s.order if n.startswith("t0/")]
+    assert len(per_step) == 1 + 21  # Pop + Aidge's 21 LSTM nodes per step
+    slack = [n for n in s.order if s.early[n] < s.late[n]]
+    # Aidge 0.10.1 on the same LSTM: 42 of 122 nodes with slack, up to 21 per step.
+    assert len(slack) == 41 and max(len(g) for g in s.parallel_groups) == 20
+    assert "t1/fc_x_i" in slack  # the input projections do not wait for the previous step
+    assert all(s.early[n] == s.late[n] for n in ("t4/mul_h", "t4/add_c", "t3/mul_h"))
+    assert tree_allclose(s.run(*args), seed_lstm(*args))
+
+
+def test_gantt_lines_follow_aidges_format(getkey):
+    s = jtile.schedule(seed_lstm, *lstm_args(getkey))
+    lines = s.to_mermaid().splitlines()
+    assert lines[:4] == ["gantt", "dateFormat x", "axisFormat %Q", ""] and lines[-1] == ""
+    pattern = re.compile(r"^(\S+) \((\w+)#(\d+)\) :(milestone, )?(\d+), (\d+)$")
+    for line, run in zip(lines[4:-1], s.runs):
+        m = pattern.match(line)
+        assert m, line
+        name, kind, _, milestone, early, late = m.groups()
+        assert (name, kind, int(early), int(late)) == (run.name, run.kind, run.early, run.late)
+        assert bool(milestone) == (run.early == run.late)
+    assert len(lines) == 5 + len(s.runs)
+
+
+def test_flowchart_has_a_node_per_node_and_an_edge_per_dependency(getkey):
+    s = jtile.schedule(seed_lstm, *lstm_args(getkey))
+    text = s.to_mermaid("flowchart")
+    assert text.startswith("flowchart TB\n")
+    nodes = re.findall(r"^n(\d+)\(", text, re.M)
+    edges = re.findall(r"^n(\d+) -->\|\"[0-9x]*\"\| n(\d+)$", text, re.M)
+    assert len(nodes) == len(s.nodes)
+    assert len(edges) == sum(len(n.inputs) for n in s.nodes)
+    assert text.count(":::critical") == len(s.critical_path)
+
+
+def test_plot_writes_a_png(getkey, tmp_path):
+    pytest.importorskip("matplotlib")
+    s = jtile.schedule(seed_lstm, *lstm_args(getkey))
+    path = tmp_path / "lstm.png"
+    s.plot(str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def tiled_conv(w, x):
+    with jax.named_scope("conv"):
+        return jax.nn.relu(jax.lax.conv_general_dilated(x, w, (1, 1), "SAME"))
+
+
+def test_stripe_pipeline_overlaps_loads_with_compute(getkey):
+    w, x = jnp.ones((16, 8, 3, 3)), jnp.ones((1, 8, 32, 32))
+    f = jtile.tile_conv(tiled_conv, axis="H", tiles=4)
+    roof = Roofline(flops=1e9, bandwidth=1e9)  # 1 GFLOP/s, 1 GB/s: both engines matter
+    t = stripe_pipeline(f, w, x, roofline=roof)
+    loads = [task for task in t.tasks if task.kind == "load"]
+    computes = [task for task in t.tasks if task.kind == "compute"]
+    stores = [task for task in t.tasks if task.kind == "store"]
+    assert len(loads) == len(computes) == len(stores) == 4
+    macs = 16 * 8 * 9 * 32 * 32 // 4
+    assert computes[0].end - computes[0].start == pytest.approx(2 * macs / 1e9 * 1e6)
+    stripe_in = 8 * 10 * 32 * 4  # 8 channels, 10 rows (8 + halo 2 inside), 32 wide
+    assert loads[1].end - loads[1].start == pytest.approx(stripe_in / 1e9 * 1e6)
+    assert loads[1].start < computes[0].end  # prefetch while stripe 0 computes
+    for i in range(2, 4):  # double buffering: stripe i loads after compute i-2 freed its buffer
+        assert loads[i].start >= computes[i - 2].end
+    for i in range(4):
+        assert computes[i].start >= loads[i].end and stores[i].start >= computes[i].end
+    assert t.makespan_us < t.serial_us
+    assert t.makespan_us == pytest.approx(sum(c.end - c.start for c in computes) + loads[0].end + (
+        stores[-1].end - stores[-1].start))  # compute bound: the loads hide behind it
+    gantt = t.to_mermaid().splitlines()
+    assert gantt[:3] == ["gantt", "dateFormat x", "axisFormat %Q"] and len(gantt) == 4 + 1 + 12 + 1
+
+
+def test_stripe_pipeline_needs_stripes():
+    with pytest.raises(ConfigError, match="apply jtile.tile_conv"):
+        stripe_pipeline(tiled_conv, jnp.ones((4, 3, 3, 3)), jnp.ones((1, 3, 8, 8)),
+                        roofline=Roofline(1e9, 1e9))
