@@ -6,7 +6,7 @@ import sys
 
 from ._errors import JtileError
 
-COMMANDS = ("demo", "summary", "onnx_info", "export")
+COMMANDS = ("demo", "summary", "onnx_info", "export", "schedule")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -107,7 +107,7 @@ def test_asap_and_alap_orders_sort_by_step():
 
 def test_heuristic_memory_order_is_valid_and_flagged():
     dag = random_dag(3, 60)
-    found, exact = memory_order(dag, exact_limit=4, beam=2)
+    found, exact = memory_order(dag, exact_limit=4, work=2)
     dag.check_order(found)
     program = peak_bytes(dag, dag.topological)
     assert peak_bytes(dag, found) <= program or not exact

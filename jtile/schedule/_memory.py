@@ -5,7 +5,8 @@ least peak: Serenity's dynamic programming over the sets of nodes already
 run (their frontier decides what is live), after cutting the graph where
 every path crosses one node (each piece is solved on its own, exactly).
 A piece of at most `exact_limit` nodes is searched exhaustively; a larger one
-keeps the `beam` best states per level, a heuristic. `plan_arena` places
+keeps a bounded number of the best states per level (a beam search), which is
+still exact when no level overflows; the schedule says which it was. `plan_arena` places
 every buffer at an offset in one arena, TFLite Micro's greedy-by-size idea:
 largest buffer first, at the lowest offset free during its lifetime.
 
@@ -79,7 +80,7 @@ def _cuts(dag: Dag, order: list[int]) -> list[int]:
     return cuts
 
 
-def _search(dag: Dag, piece: list[int], done: set[int], beam: int) -> tuple[list[int], int, bool]:
+def _search(dag: Dag, piece: list[int], done: set[int], width: int) -> tuple[list[int], int, bool]:
     """Least-peak order of `piece` given that `done` already ran: (order, peak, exact)."""
     local = {node: j for j, node in enumerate(piece)}
     m = len(piece)
@@ -115,9 +116,9 @@ def _search(dag: Dag, piece: list[int], done: set[int], beam: int) -> tuple[list
                 if new not in nxt or (step_peak, after) < nxt[new]:
                     nxt[new] = (step_peak, after)
                     parents[new] = (mask, j)
-        if len(nxt) > beam:
+        if len(nxt) > width:
             exact = False
-            nxt = dict(sorted(nxt.items(), key=lambda kv: kv[1])[:beam])
+            nxt = dict(sorted(nxt.items(), key=lambda kv: kv[1])[:width])
         history.append(parents)
         states = nxt
     (mask, (peak, _)), = states.items()
@@ -128,15 +129,18 @@ def _search(dag: Dag, piece: list[int], done: set[int], beam: int) -> tuple[list
     return order[::-1], peak, exact
 
 
-def memory_order(dag: Dag, exact_limit: int = 30, beam: int = 64) -> tuple[list[int], bool]:
-    """The order of least peak live bytes (heuristic beyond `exact_limit`), and whether it is exact."""
+def memory_order(dag: Dag, exact_limit: int = 30, work: int = 4_000_000) -> tuple[list[int], bool]:
+    """The order of least peak live bytes, and whether it is exact.
+
+    A piece of `exact_limit` nodes or fewer keeps up to 200,000 states per level;
+    a piece of m nodes keeps `work / m**2` (at least 64), the best by peak."""
     program = dag.topological
     bounds = [-1, *_cuts(dag, program), len(program) - 1]
     order: list[int] = []
     exact = True
     for a, b in zip(bounds, bounds[1:]):
         piece = program[a + 1 : b + 1]
-        width = 200_000 if len(piece) <= exact_limit else beam
+        width = 200_000 if len(piece) <= exact_limit else max(64, work // len(piece) ** 2)
         part, _, piece_exact = _search(dag, piece, set(order), width)
         order += part
         exact &= piece_exact

@@ -12,8 +12,9 @@ node by node (threads over parallel groups) or returns a reordered function.
     each node once, whole, in the order of the nodes' first runs.
 """
 
+import contextlib
 import dataclasses
-import json
+import gc
 from collections import Counter
 from collections.abc import Callable
 
@@ -170,6 +171,19 @@ class Schedule:
         return scheduled
 
 
+@contextlib.contextmanager
+def _gc_paused():
+    """Tracing makes many small objects; the collector's full passes over a large
+    heap (jax, a loaded ONNX model) cost as much as the tracing itself."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _models(dag: Dag, cp) -> dict[int, CPModel]:
     if callable(cp) and not isinstance(cp, dict):
         return {i: m for i, node in enumerate(dag.nodes) if (m := cp(node)) is not None}
@@ -202,8 +216,9 @@ def schedule(fn, *args, policy: str = "program", granularity: str = "layer",
     if granularity not in GRANULARITIES:
         raise ConfigError(f"schedule: unknown granularity {granularity!r}; valid granularities are "
                           f"{', '.join(GRANULARITIES)}")
-    g = graph(fn, *args)
-    built = build(g, granularity, fn)
+    with _gc_paused():
+        g = graph(fn, *args)
+        built = build(g, granularity, fn)
     if cp is not None:
         if policy != "program":
             raise ConfigError(f"schedule: a C-P schedule orders itself; policy must be 'program', got {policy!r}")
