@@ -29,13 +29,6 @@ class Node:
     macs: Counter = dataclasses.field(default_factory=Counter, compare=False)
     out_shape: tuple[int, ...] = ()
 
-    @property
-    def out_elements(self) -> int:
-        n = 1
-        for d in self.out_shape:
-            n *= d
-        return n
-
 
 @dataclasses.dataclass(frozen=True)
 class Buffer:
@@ -89,9 +82,6 @@ class Dag:
 
     def __len__(self) -> int:
         return len(self.nodes)
-
-    def names(self, order) -> list[str]:
-        return [self.nodes[i].name for i in order]
 
     def _stable_topological(self) -> list[int]:
         """Kahn's algorithm, always taking the ready node given first; a cycle raises."""

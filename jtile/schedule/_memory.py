@@ -133,7 +133,8 @@ def memory_order(dag: Dag, exact_limit: int = 30, work: int = 4_000_000) -> tupl
     """The order of least peak live bytes, and whether it is exact.
 
     A piece of `exact_limit` nodes or fewer keeps up to 200,000 states per level;
-    a piece of m nodes keeps `work / m**2` (at least 64), the best by peak."""
+    a piece of m nodes keeps `work / m**2` (at least 64), the best by peak. A
+    heuristic result worse than the program order gives the program order."""
     program = dag.topological
     bounds = [-1, *_cuts(dag, program), len(program) - 1]
     order: list[int] = []
@@ -144,6 +145,8 @@ def memory_order(dag: Dag, exact_limit: int = 30, work: int = 4_000_000) -> tupl
         part, _, piece_exact = _search(dag, piece, set(order), width)
         order += part
         exact &= piece_exact
+    if not exact and peak_bytes(dag, order) > peak_bytes(dag, program):
+        return list(program), False  # a heuristic never does worse than the program order
     return order, exact
 
 

@@ -96,7 +96,7 @@ def plot(bars: list[Bar], path: str, xlabel: str = "logical step", title: str | 
         width = (b.end - b.start) + (1 if steps else 0)
         ax.barh(row, width, left=b.start - (0.5 if steps else 0), height=0.8, color=colour[b.kind],
                 edgecolor="#c00" if b.critical else "none", linewidth=1.5)
-    if len(bars) <= 80:
+    if len(bars) <= 120:
         ax.set_yticks(range(len(bars)), [b.name for b in bars], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel(xlabel)
