@@ -5,7 +5,6 @@ from collections import Counter
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import jtile
@@ -259,3 +258,57 @@ def test_stripe_pipeline_needs_stripes():
     with pytest.raises(ConfigError, match="apply jtile.tile_conv"):
         stripe_pipeline(tiled_conv, jnp.ones((4, 3, 3, 3)), jnp.ones((1, 3, 8, 8)),
                         roofline=Roofline(1e9, 1e9))
+
+
+# Aidge 0.10.1, seed 002's sequential net on 1x3x64x64 (peers/aidge/c_seq_scheduling_1x3x64x64.mmd),
+# the non-Producer lines.
+AIDGE_SEQ = """conv1 (Conv2D#0) :milestone, 1, 1
+relu1 (ReLU#0) :milestone, 2, 2
+conv2 (PaddedConv2D#0) :milestone, 3, 3
+relu2 (ReLU#1) :milestone, 4, 4
+conv3 (PaddedConv2D#1) :milestone, 5, 5
+relu3 (ReLU#2) :milestone, 6, 6"""
+
+
+def test_sequential_net_steps_match_aidges():
+    shapes = {"w1": (4, 3, 5, 5), "b1": (4,), "w2": (8, 4, 5, 5), "b2": (8,), "w3": (16, 8, 3, 3)}
+    params = {k: jax.ShapeDtypeStruct(v, jnp.float32) for k, v in shapes.items()}
+
+    def conv(x, w, pad):
+        return jax.lax.conv_general_dilated(x, w, (1, 1), [(pad, pad)] * 2)
+
+    def net(p, x):
+        with jax.named_scope("conv1"):
+            x = conv(x, p["w1"], 0) + p["b1"][:, None, None]
+        with jax.named_scope("relu1"):
+            x = jax.nn.relu(x)
+        with jax.named_scope("conv2"):
+            x = conv(x, p["w2"], 2) + p["b2"][:, None, None]
+        with jax.named_scope("relu2"):
+            x = jax.nn.relu(x)
+        with jax.named_scope("conv3"):
+            x = conv(x, p["w3"], 2)
+        with jax.named_scope("relu3"):
+            return jax.nn.relu(x)
+
+    s = jtile.schedule(net, params, jax.ShapeDtypeStruct((1, 3, 64, 64), jnp.float32))
+    lines = s.to_mermaid().splitlines()[5:-1]
+    ours = [re.sub(r" \(\w+#\d+\)", "", line) for line in lines]
+    assert ours == [re.sub(r" \(\w+#\d+\)", "", line) for line in AIDGE_SEQ.splitlines()]
+    assert lines[0] == "conv1 (conv#0) :milestone, 1, 1"
+
+
+def test_tiled_conv_schedule_has_aidges_shape():
+    # peers/aidge/a_tiled_static_scheduling.mmd: seed 000's net after 4 horizontal stripes:
+    # 4 Slices at one step, the 4 Conv2D at the next, then Concat.
+    model = jax.eval_shape(lambda: jtile.models.get("tutorial"))
+    x = jax.ShapeDtypeStruct((4, 3, 66, 66), jnp.float32)
+    tiled = jtile.tile_conv(lambda m, v: m(v), axis="H", tiles=4)
+    s = jtile.schedule(tiled, model, x, granularity="op")
+    kinds = {n.name: n.kind for n in s.nodes}
+    steps_of = lambda kind: sorted(s.early[n] for n in s.order if kinds[n] == kind)  # noqa: E731
+    slices, convs, concat = steps_of("slice"), steps_of("conv2d"), steps_of("concatenate")
+    assert len(set(slices)) == len(set(convs)) == 1 and len(slices) == len(convs) == 4
+    assert convs[0] == slices[0] + 1 and concat == [convs[0] + 1]
+    assert [g for g in s.parallel_groups if len(g) == 4] == [
+        [n for n in s.order if kinds[n] == "slice"], [n for n in s.order if kinds[n] == "conv2d"]]
