@@ -80,45 +80,59 @@ def _cuts(dag: Dag, order: list[int]) -> list[int]:
     return cuts
 
 
-def _search(dag: Dag, piece: list[int], done: set[int], width: int) -> tuple[list[int], int, bool]:
-    """Least-peak order of `piece` given that `done` already ran: (order, peak, exact)."""
+def _search(dag: Dag, piece: list[int], done: set[int], carried: int, reads_of: list[list[int]],
+            width: int) -> tuple[list[int], int, bool]:
+    """Least-peak order of `piece` given that `done` already ran and `carried` bytes of
+    outputs stay live: (order, peak, exact)."""
     local = {node: j for j, node in enumerate(piece)}
     m = len(piece)
     pred_mask = [sum(1 << local[p] for p in dag.preds[node] if p in local) for node in piece]
+    succ_local = [[local[s] for s in dag.succs[node] if s in local] for node in piece]
     made = [sum(dag.buffers[b].nbytes for b in dag.made[node]) for node in piece]
-    base, reads = 0, [[] for _ in piece]  # buffers this piece frees: (bytes, mask of readers here)
-    freed_now = [0] * m
-    for b, buf in enumerate(dag.buffers):
-        readers = sum(1 << local[c] for c in buf.consumers if c in local)
-        if buf.producer in done and (buf.is_output or readers):
-            base += buf.nbytes
-        if buf.is_output or not (buf.producer in local or readers):
+    reads = [[] for _ in piece]  # per node: (bytes, mask of its readers here) of what it may free
+    freed_now = [0] * m  # bytes a node makes that nobody reads
+    base = carried
+    relevant = {b for node in piece for b in (*dag.made[node], *reads_of[node])}
+    for b in relevant:
+        buf = dag.buffers[b]
+        if buf.is_output:
             continue
+        readers = sum(1 << local[c] for c in buf.consumers if c in local)
+        if buf.producer in done:
+            base += buf.nbytes
         if not readers:
             freed_now[local[buf.producer]] += buf.nbytes
-            continue
         for c in buf.consumers:
             if c in local:
                 reads[local[c]].append((buf.nbytes, readers))
+    start_ready = sum(1 << j for j in range(m) if not pred_mask[j])
     states = {0: (0, base)}
+    ready_of = {0: start_ready}
     history = []
     exact = True
     for _ in range(m):
         nxt: dict[int, tuple[int, int]] = {}
         parents: dict[int, tuple[int, int]] = {}
+        next_ready: dict[int, int] = {}
         for mask, (peak, live) in states.items():
-            for j in range(m):
-                if mask >> j & 1 or pred_mask[j] & ~mask:
-                    continue
-                new = mask | 1 << j
+            ready = todo = ready_of[mask]
+            while todo:
+                low = todo & -todo
+                todo ^= low
+                j = low.bit_length() - 1
+                new = mask | low
                 step_peak = max(peak, live + made[j])
                 after = live + made[j] - freed_now[j] - sum(size for size, r in reads[j] if not r & ~new)
-                if new not in nxt or (step_peak, after) < nxt[new]:
-                    nxt[new] = (step_peak, after)
-                    parents[new] = (mask, j)
+                if new not in nxt:
+                    next_ready[new] = (ready ^ low) | sum(1 << c for c in succ_local[j] if not pred_mask[c] & ~new)
+                elif (step_peak, after) >= nxt[new]:
+                    continue
+                nxt[new] = (step_peak, after)
+                parents[new] = (mask, j)
         if len(nxt) > width:
             exact = False
             nxt = dict(sorted(nxt.items(), key=lambda kv: kv[1])[:width])
+        ready_of = next_ready
         history.append(parents)
         states = nxt
     (mask, (peak, _)), = states.items()
@@ -137,13 +151,20 @@ def memory_order(dag: Dag, exact_limit: int = 30, work: int = 4_000_000) -> tupl
     heuristic result worse than the program order gives the program order."""
     program = dag.topological
     bounds = [-1, *_cuts(dag, program), len(program) - 1]
+    reads_of: list[list[int]] = [[] for _ in dag.nodes]
+    for b, buf in enumerate(dag.buffers):
+        for c in buf.consumers:
+            reads_of[c].append(b)
     order: list[int] = []
-    exact = True
+    done: set[int] = set()
+    carried, exact = 0, True
     for a, b in zip(bounds, bounds[1:]):
         piece = program[a + 1 : b + 1]
         width = 200_000 if len(piece) <= exact_limit else max(64, work // len(piece) ** 2)
-        part, _, piece_exact = _search(dag, piece, set(order), width)
+        part, _, piece_exact = _search(dag, piece, done, carried, reads_of, width)
         order += part
+        done.update(part)
+        carried += sum(dag.buffers[x].nbytes for node in part for x in dag.made[node] if dag.buffers[x].is_output)
         exact &= piece_exact
     if not exact and peak_bytes(dag, order) > peak_bytes(dag, program):
         return list(program), False  # a heuristic never does worse than the program order
