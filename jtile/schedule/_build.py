@@ -28,7 +28,6 @@ class Built:
 
     dag: Dag
     ops: list[list[Op]]
-    inputs: list[Value | None]  # the graph input behind each input node, else None
     prologue: list[Op]
 
 
@@ -51,13 +50,12 @@ def build(graph: Graph, granularity: str, fn=None) -> Built:
     """Nodes for the data inputs, then one per data layer (or op) in program order."""
     producer: dict[int, int] = {}  # id(value) -> index of the node that makes it
     node_of: dict[int, int] = {}  # op index -> index of its node
-    nodes, ops, inputs, prologue, handed = [], [], [], [], []
+    nodes, ops, prologue, handed = [], [], [], []
     for value in graph.inputs:
         if value.role == "input":
             producer[id(value)] = len(nodes)
             nodes.append(Node(_input_name(graph, value, fn), "input", (), value.nbytes, Counter(), value.shape))
             ops.append([])
-            inputs.append(value)
             handed.append([value])
     for name, kind, group_ops, macs in _groups(graph, granularity):
         outs = [v for op in group_ops for v in op.outs]
@@ -75,7 +73,6 @@ def build(graph: Graph, granularity: str, fn=None) -> Built:
         nodes.append(Node(name, kind, tuple(dict.fromkeys(preds)), sum(v.nbytes for v in out), macs,
                           out[0].shape if out else ()))
         ops.append(group_ops)
-        inputs.append(None)
         handed.append(out)
     buffers = []
     for index, values in enumerate(handed):
@@ -83,4 +80,4 @@ def build(graph: Graph, granularity: str, fn=None) -> Built:
             readers = dict.fromkeys(node_of[c.index] for c in v.consumers if node_of[c.index] != index)
             name = nodes[index].name if len(values) == 1 else f"{nodes[index].name}.{k}"
             buffers.append(Buffer(name, v.nbytes, index, tuple(readers), v.is_output))
-    return Built(Dag(nodes, buffers), ops, inputs, prologue)
+    return Built(Dag(nodes, buffers), ops, prologue)
