@@ -118,6 +118,14 @@ def test_full_pipelined_gantt_is_aidges(pipelined):
     assert runs[-4:] == AIDGE_FULL_TAIL.splitlines()
 
 
+def test_line_by_line_edges_need_three_lines_not_whole_tensors(pipelined, getkey):
+    s, params, x = pipelined
+    line = 16 * 4  # Aidge's "line": dims[2] float32 elements
+    assert s.fifo_bytes == {"args[1]->conv1": x.nbytes, "conv1->conv2": 3 * line, "conv2->conv3": 3 * line}
+    whole = jtile.schedule(seed_convs, params, x)
+    assert set(whole.fifo_bytes.values()) == {x.nbytes}
+
+
 def test_pipelined_schedule_still_runs_the_function(pipelined, tree_allclose):
     s, params, x = pipelined
     assert tree_allclose(s.run(params, x), seed_convs(params, x))

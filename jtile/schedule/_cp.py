@@ -7,7 +7,9 @@ every node runs once. `simulate` follows Aidge's scheduler: run the
 consumers that have enough data, make the children of those that produced
 new consumers, and when none is left go back to the nodes that still have
 data to consume. Graph inputs (and other nodes without inputs) produce their
-whole data once, at the start. `factorize` folds repeated runs into
+whole data once, at the start. The simulation also records, per edge, the
+most elements made and not yet consumed: the FIFO the pipelined schedule
+needs between two nodes. `factorize` folds repeated runs into
 `(start, length, repeats)` sections as Aidge's factorised diagram does.
 
 !!! warning
@@ -53,6 +55,7 @@ class _Sim:
         self.made = [0] * len(dag)
         self.taken = [[0] * len(p) for p in dag.preds]  # per node, per input: elements consumed
         self.sequence: list[int] = []
+        self.backlog: dict[tuple[int, int], int] = {}  # (producer, consumer): most elements waiting
 
     def available(self, node: int, k: int) -> int:
         return self.made[self.dag.preds[node][k]] - self.taken[node][k]
@@ -69,6 +72,9 @@ class _Sim:
         for k, n in enumerate(need):
             self.taken[node][k] += n
         self.made[node] += self.models[node].produced()
+        for s in self.dag.succs[node]:
+            waiting = self.made[node] - self.taken[s][self.dag.preds[s].index(node)]
+            self.backlog[node, s] = max(self.backlog.get((node, s), 0), waiting)
         self.sequence.append(node)
         if len(self.sequence) > MAX_RUNS:
             raise ConfigError(f"C-P schedule: more than {MAX_RUNS} runs; node "
@@ -80,7 +86,7 @@ class _Sim:
     def feeds(self, node: int) -> bool:
         return any(self.made[node] > self.taken[s][self.dag.preds[s].index(node)] for s in self.dag.succs[node])
 
-    def simulate(self) -> list[int]:
+    def simulate(self) -> tuple[list[int], dict[tuple[int, int], int]]:
         sources = [i for i in self.dag.topological if not self.dag.preds[i]]
         for i in sources:
             self.run(i)
@@ -100,7 +106,7 @@ class _Sim:
             if not consumers:
                 consumers, still = still, []
         self.check()
-        return self.sequence
+        return self.sequence, self.backlog
 
     def check(self) -> None:
         ran = set(self.sequence)
@@ -124,9 +130,10 @@ def _unique(items) -> list[int]:
     return list(dict.fromkeys(items))
 
 
-def simulate(dag: Dag, models: dict[int, CPModel]) -> list[int]:
-    """The run sequence (node indices, repeated) of the C-P schedule, or a `ConfigError`
-    naming the node and the input whose data never arrives."""
+def simulate(dag: Dag, models: dict[int, CPModel]) -> tuple[list[int], dict[tuple[int, int], int]]:
+    """The run sequence (node indices, repeated) of the C-P schedule and, per edge, the
+    most elements ever made and not yet consumed (the FIFO an edge needs); or a
+    `ConfigError` naming the node and the input whose data never arrives."""
     return _Sim(dag, models).simulate()
 
 

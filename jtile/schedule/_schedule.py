@@ -3,7 +3,8 @@
 The graph (`jtile.graph`) becomes a `Dag` of inputs and layers (or ops);
 the policy orders it, or with `cp=` the consumer-producer simulation plans
 repeated runs. Early and late steps follow Aidge's definition; the schedule
-then measures its peak of live bytes, plans an arena, draws itself, runs
+then measures its peak of live bytes and the FIFO each edge needs (a whole
+tensor, or less when a C-P model pipelines), plans an arena, draws itself, runs
 node by node (threads over parallel groups) or returns a reordered function.
 
 !!! warning
@@ -15,6 +16,7 @@ node by node (threads over parallel groups) or returns a reordered function.
 import contextlib
 import dataclasses
 import gc
+import math
 from collections import Counter
 from collections.abc import Callable
 
@@ -46,7 +48,8 @@ class Schedule:
     """A static schedule (see the module docstring). Build it with `jtile.schedule`."""
 
     def __init__(self, built: Built, sequence: list[int], policy: str, granularity: str,
-                 exact: bool = True, graph: Graph | None = None, fn=None):
+                 exact: bool = True, graph: Graph | None = None, fn=None,
+                 backlog: dict[tuple[int, int], int] | None = None):
         self._built, self._dag, self._sequence = built, built.dag, sequence
         self._graph, self._fn = graph, fn
         self.policy, self.granularity, self.exact = policy, granularity, exact
@@ -67,6 +70,13 @@ class Schedule:
             by_step.setdefault(r.early, []).append(r.name)
         self.parallel_groups = [by_step[s] for s in sorted(by_step)]
         self.peak_bytes = peak_bytes(dag, sequence)
+        self.fifo_bytes: dict[str, int] = {}  # "producer->consumer": bytes the edge must hold at once
+        for i, preds in enumerate(dag.preds):
+            for p in preds:
+                node = dag.nodes[p]
+                whole = math.prod(node.out_shape)
+                waiting = whole if backlog is None else backlog.get((p, i), 0)
+                self.fifo_bytes[f"{node.name}->{dag.nodes[i].name}"] = node.out_bytes * waiting // max(whole, 1)
 
     def __repr__(self) -> str:
         return (f"Schedule({len(self.nodes)} nodes, {len(self.runs)} runs, policy={self.policy!r}, "
@@ -127,6 +137,7 @@ class Schedule:
             "runs": [dataclasses.asdict(r) for r in self.runs],
             "critical_path": self.critical_path,
             "parallel_groups": self.parallel_groups,
+            "fifo_bytes": self.fifo_bytes,
         }
 
     # ------------------------------------------------------------ running
@@ -222,6 +233,7 @@ def schedule(fn, *args, policy: str = "program", granularity: str = "layer",
     if cp is not None:
         if policy != "program":
             raise ConfigError(f"schedule: a C-P schedule orders itself; policy must be 'program', got {policy!r}")
-        return Schedule(built, simulate(built.dag, _models(built.dag, cp)), policy, granularity, True, g, fn)
+        sequence, backlog = simulate(built.dag, _models(built.dag, cp))
+        return Schedule(built, sequence, policy, granularity, True, g, fn, backlog)
     sequence, exact = order(built.dag, policy)
     return Schedule(built, sequence, policy, granularity, exact, g, fn)
