@@ -45,7 +45,17 @@ class Run:
 
 
 class Schedule:
-    """A static schedule (see the module docstring). Build it with `jtile.schedule`."""
+    """A static schedule; build it with `jtile.schedule`.
+
+    - `nodes`: `Node`s (name, kind, macs, out_bytes, inputs), inputs first, then program order.
+    - `runs`, `order`: the runs and their node names in execution order (a name repeats
+      when a C-P model runs a node more than once; `counts` says how often).
+    - `early`, `late`: name -> logical step (of the first run); `critical_path`: the
+      names with early == late, in order; `parallel_groups`: names sharing an early step.
+    - `peak_bytes`: the most activation bytes live at once; `fifo_bytes`: per edge
+      "a->b", the bytes it holds at once; `exact`: False where `memory` fell back to
+      its heuristic.
+    """
 
     def __init__(self, built: Built, sequence: list[int], policy: str, granularity: str,
                  exact: bool = True, graph: Graph | None = None, fn=None,
