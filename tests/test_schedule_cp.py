@@ -320,3 +320,28 @@ def test_tiled_conv_schedule_has_aidges_shape():
     assert convs[0] == slices[0] + 1 and concat == [convs[0] + 1]
     assert [g for g in s.parallel_groups if len(g) == 4] == [
         [n for n in s.order if kinds[n] == "slice"], [n for n in s.order if kinds[n] == "conv2d"]]
+
+
+# peers/aidge/c_light_squeezenet_scheduling.mmd: the compute nodes' early steps (Aidge puts the
+# weights' ConstantOfShape at step 1, so its first conv is at step 2; n61 is a Dropout).
+AIDGE_SQUEEZENET = """n0 2, n1 3, n2 4, n3 5, n4 6, n5 7, n7 7, n6 8, n8 8, n9 9, n10 10, n11 11, n12 12, n14 12,
+n13 13, n15 13, n16 14, n17 15, n18 16, n19 17, n20 18, n22 18, n21 19, n23 19, n24 20, n25 21, n26 22,
+n27 23, n29 23, n28 24, n30 24, n31 25, n32 26, n33 27, n34 28, n35 29, n37 29, n36 30, n38 30, n39 31,
+n40 32, n41 33, n42 34, n44 34, n43 35, n45 35, n46 36, n47 37, n48 38, n49 39, n51 39, n50 40, n52 40,
+n53 41, n54 42, n55 43, n56 44, n58 44, n57 45, n59 45, n60 46, n61 47, n62 48, n63 49, n64 50, n65 51"""
+
+
+def test_light_squeezenet_steps_match_aidges():
+    import os
+
+    import onnx
+
+    path = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light", "light_squeezenet.onnx")
+    model = jtile.onnx.load(path)
+    s = jtile.schedule(model, jax.ShapeDtypeStruct(model.input_shapes[0], jnp.float32))
+    aidge = dict((name, int(step)) for name, step in (e.split() for e in AIDGE_SQUEEZENET.replace("\n", " ").split(", ")))
+    # jtile has no weight-constant step (one less) and no node for the identity Dropout n61 (one less after it)
+    expected = {name: step - 1 - (int(name[1:]) > 61) for name, step in aidge.items() if name != "n61"}
+    assert {n: s.early[n] for n in expected} == expected
+    assert set(s.early) == set(expected) | {"data_0"}
+    assert all(s.early[n] == s.late[n] for n in expected)  # a chain of fire modules: all critical
