@@ -89,14 +89,15 @@ def _xla_temp_bytes(fn, args) -> int:
 @pytest.fixture(scope="module", autouse=True)
 def table(request):
     yield
-    lines = ["", "static schedules (layer granularity; times include tracing, noisy shared machine):",
-             f"{'model':<14}{'nodes':>6}{'steps':>6}{'program B':>12}{'memory B':>12}{'prog/mem':>9}"
+    lines = ["", "static schedules (layer granularity unless 'ops'; t program / t memory include tracing; "
+             "noisy shared machine):",
+             f"{'model':<15}{'nodes':>6}{'steps':>6}{'program B':>12}{'memory B':>12}{'prog/mem':>9}"
              f"{'search':>10}{'arena B':>12}{'XLA temp B':>12}{'t graph':>9}{'t order':>9}{'t program':>10}"
              f"{'t memory':>9}"]
     for name, r in ROWS.items():
         if "program" in r and "memory" in r:
             lines.append(
-                f"{name:<14}{r['nodes']:>6}{r['steps']:>6}{r['program']:>12,}{r['memory']:>12,}"
+                f"{name:<15}{r['nodes']:>6}{r['steps']:>6}{r['program']:>12,}{r['memory']:>12,}"
                 f"{r['program'] / r['memory']:>8.2f}x{r['exact']:>10}{r['arena']:>12,}"
                 f"{r.get('xla', 0):>12,}{r['t_graph']:>8.3f}s{r['t_order']:>8.3f}s{r['t_program']:>9.3f}s"
                 f"{r['t_memory']:>8.3f}s")
@@ -104,22 +105,27 @@ def table(request):
         print("\n".join(lines))
 
 
+CASES = [(name, "layer") for name in ONNX + ZOO + RANDWIRE] + [(name, "op") for name in RANDWIRE]
+
+
 @pytest.mark.parametrize("policy", ["program", "memory"])
-@pytest.mark.parametrize("name", ONNX + ZOO + RANDWIRE)
-def test_schedule(benchmark, name, policy):
+@pytest.mark.parametrize("name, granularity", CASES)
+def test_schedule(benchmark, name, granularity, policy):
     model, inputs, xla = _load(name)
-    benchmark.group = name
-    s = benchmark.pedantic(jtile.schedule, args=(model, *inputs), kwargs={"policy": policy}, rounds=3,
-                           iterations=1, warmup_rounds=1)
-    row = ROWS.setdefault(name, {"nodes": len(s.nodes), "steps": len(s.parallel_groups)})
+    label = name if granularity == "layer" else f"{name} ops"
+    benchmark.group = label
+    s = benchmark.pedantic(jtile.schedule, args=(model, *inputs), rounds=3, iterations=1, warmup_rounds=1,
+                           kwargs={"policy": policy, "granularity": granularity})
+    row = ROWS.setdefault(label, {"nodes": len(s.nodes), "steps": len(s.parallel_groups)})
     row[policy] = s.peak_bytes
-    row[f"t_{policy}"] = min(benchmark.stats.stats.data) if benchmark.stats else _time(model, inputs, policy)
+    row[f"t_{policy}"] = (min(benchmark.stats.stats.data) if benchmark.stats
+                          else _time(model, inputs, policy, granularity))
     if policy == "memory":
         plan = s.memory_plan()
         assert plan.peak_bytes <= plan.arena_bytes
         row.update(exact="exact" if s.exact else "heuristic", arena=plan.arena_bytes,
                    xla=_xla_temp_bytes(*xla), t_graph=_graph_time(model, inputs),
-                   t_order=_order_time(model, inputs))
+                   t_order=_order_time(model, inputs, granularity))
 
 
 def _graph_time(model, inputs) -> float:
@@ -132,14 +138,14 @@ def _graph_time(model, inputs) -> float:
         gc.enable()
 
 
-def _order_time(model, inputs) -> float:
+def _order_time(model, inputs, granularity) -> float:
     """The scheduler alone on a built graph (program order): nodes, order, steps, peak;
     what Aidge's `generate_scheduling` does."""
     g = jtile.graph(model, *inputs)
 
     def schedule_graph():
-        built = build(g, "layer", model)
-        Schedule(built, order(built.dag, "program")[0], "program", "layer")
+        built = build(g, granularity, model)
+        Schedule(built, order(built.dag, "program")[0], "program", granularity)
 
     return min(_timed(schedule_graph) for _ in range(3))
 
@@ -150,10 +156,8 @@ def _timed(fn, *args) -> float:
     return time.perf_counter() - start
 
 
-def _time(model, inputs, policy) -> float:
-    start = time.perf_counter()
-    jtile.schedule(model, *inputs, policy=policy)
-    return time.perf_counter() - start
+def _time(model, inputs, policy, granularity="layer") -> float:
+    return _timed(lambda: jtile.schedule(model, *inputs, policy=policy, granularity=granularity))
 
 
 def test_densenet121_layer_schedule_time():
