@@ -76,22 +76,24 @@ def _quote(text: str) -> str:
 
 
 def plot(bars: list[Bar], path: str, xlabel: str = "logical step", title: str | None = None) -> None:
-    """A PNG timeline of `bars`, one row each (needs matplotlib, the `plot` extra)."""
+    """A PNG timeline of `bars`, one row each (needs matplotlib, the `plot` extra).
+
+    Draws on a bare `Figure`, so the caller's pyplot state and backend are untouched."""
     try:
         import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure
+        from matplotlib.patches import Rectangle
+        from matplotlib.ticker import MaxNLocator
     except ImportError as e:  # pragma: no cover - depends on the environment
         from .._errors import ConfigError
 
         raise ConfigError(f"Schedule.plot needs matplotlib (pip install 'jtile[plot]'): {e}") from None
     kinds = list(dict.fromkeys(b.kind for b in bars))
-    cmap = plt.get_cmap("tab20")
+    cmap = matplotlib.colormaps["tab20"]
     colour = {k: cmap(i % 20) for i, k in enumerate(kinds)}
     steps = xlabel == "logical step"
-    height = min(0.22 * len(bars) + 1.5, 40)
-    fig, ax = plt.subplots(figsize=(11, height))
+    fig = Figure(figsize=(11, min(0.22 * len(bars) + 1.5, 40)))
+    ax = fig.subplots()
     for row, b in enumerate(bars):
         width = (b.end - b.start) + (1 if steps else 0)
         ax.barh(row, width, left=b.start - (0.5 if steps else 0), height=0.8, color=colour[b.kind],
@@ -100,10 +102,11 @@ def plot(bars: list[Bar], path: str, xlabel: str = "logical step", title: str | 
         ax.set_yticks(range(len(bars)), [b.name for b in bars], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel(xlabel)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=colour[k]) for k in kinds]
-    handles.append(plt.Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="#c00", linewidth=1.5))
-    ax.legend(handles, [*kinds, "critical path"], fontsize=7, loc="lower right" if steps else "upper right")
+    handles = [Rectangle((0, 0), 1, 1, color=colour[k]) for k in kinds]
+    handles.append(Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="#c00", linewidth=1.5))
+    ax.legend(handles, [*kinds, "critical path"], fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    if steps:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(title or "schedule")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
