@@ -250,9 +250,12 @@ class Graph:
 
     def _add_op(self, eqn, scope: str) -> None:
         ins = [self._read(v) for v in eqn.invars]
-        macs, uncounted = eqn_macs(eqn)
         subs = [Graph.of(s if isinstance(s, jcore.ClosedJaxpr) else jcore.ClosedJaxpr(s, []))
                 for s in jcore.jaxprs_in_params(eqn.params)]
+        macs, uncounted = eqn_macs(eqn, [
+            (sum((op.macs for op in sub.ops), Counter()), set().union(*(op.uncounted for op in sub.ops)))
+            for sub in subs
+        ])
         op = Op(len(self.ops), eqn, scope, ins, [], macs, uncounted, subs)
         sources = _or(v.sources for v in ins)
         for v in eqn.outvars:
@@ -340,6 +343,25 @@ class Graph:
                 cls._CACHE.clear()
             hit = cls._CACHE[id(closed)] = (closed, cls(closed))
         return hit[1]
+
+    def walk(self):
+        """This graph and the graphs of every control-flow body, depth first."""
+        yield self
+        for op in self.ops:
+            for sub in op.subgraphs:
+                yield from sub.walk()
+
+    def all_ops(self):
+        """Every op of this graph and of its control-flow bodies, depth first,
+        in program order (an op comes before the ops of its bodies)."""
+        for op in self.ops:
+            yield op
+            for sub in op.subgraphs:
+                yield from sub.all_ops()
+
+    def producers(self) -> dict:
+        """`{jaxpr var: the equation that produces it}` over every body too."""
+        return {v.var: op.eqn for op in self.all_ops() for v in op.outs}
 
     def value(self, var) -> Value:
         """The `Value` of a top-level jaxpr `Var`."""

@@ -110,35 +110,18 @@ _RULES: dict[str, tuple[str, Callable]] = {
 }
 
 
-def _closed_macs(closed) -> tuple[Counter, set]:
-    jaxpr = closed.jaxpr if isinstance(closed, jcore.ClosedJaxpr) else closed
-    total, uncounted = Counter(), set()
-    for eqn in jaxpr.eqns:
-        macs, missing = eqn_macs(eqn)
-        total += macs
-        uncounted |= missing
-    return total, uncounted
-
-
 def _scaled(counter: Counter, factor: int) -> Counter:
     return Counter({k: v * factor for k, v in counter.items()})
 
 
-def _sub_jaxprs_macs(eqn) -> tuple[Counter, set]:
-    name, p = eqn.primitive.name, eqn.params
-    if name == "scan":
-        macs, missing = _closed_macs(p["jaxpr"])
-        return _scaled(macs, p["length"]), missing
-    if name == "cond":
-        counted = [_closed_macs(b) for b in p["branches"]]
-        macs, _ = max(counted, key=lambda c: sum(c[0].values()))
-        return macs, set().union(*(m for _, m in counted))
-    total, uncounted = Counter(), set()
-    for sub in jcore.jaxprs_in_params(p):  # jit-like calls, while (body + cond once)
-        macs, missing = _closed_macs(sub)
-        total += macs
-        uncounted |= missing
-    return total, uncounted
+def _control_flow(eqn, bodies: list[tuple[Counter, set]]) -> tuple[Counter, set]:
+    """MACs of control flow from those of its bodies (in `jaxprs_in_params` order)."""
+    uncounted = set().union(*(m for _, m in bodies))
+    if eqn.primitive.name == "scan":
+        return _scaled(bodies[0][0], eqn.params["length"]), uncounted
+    if eqn.primitive.name == "cond":
+        return max((c for c, _ in bodies), key=lambda c: sum(c.values())), uncounted
+    return sum((c for c, _ in bodies), Counter()), uncounted  # while: body + cond, once
 
 
 def _epilogue(eqn, adds: int, activation) -> Counter:
@@ -192,8 +175,9 @@ def _kernel(eqn) -> Counter | None:
     return Counter({kind: rule(eqn)}) + _epilogue(eqn, len(epilogue), attributes.get("activation"))
 
 
-def eqn_macs(eqn) -> tuple[Counter, set[str]]:
-    """MACs of `eqn` by category, and the primitives that had no rule."""
+def eqn_macs(eqn, bodies: list[tuple[Counter, set]] = ()) -> tuple[Counter, set[str]]:
+    """MACs of `eqn` by category, and the primitives that had no rule; a
+    control-flow equation needs the `(MACs, uncounted)` of its `bodies`."""
     name = eqn.primitive.name
     if name in ("conv_bias_act", "dense"):
         return _fused(eqn), set()
@@ -207,6 +191,6 @@ def eqn_macs(eqn) -> tuple[Counter, set[str]]:
         kind, rule = _RULES[name]
         macs = rule(eqn)
         return (Counter({kind: macs}) if macs else Counter()), set()
-    if any(True for _ in jcore.jaxprs_in_params(eqn.params)):
-        return _sub_jaxprs_macs(eqn)
+    if bodies:
+        return _control_flow(eqn, list(bodies))
     return Counter(), {name}

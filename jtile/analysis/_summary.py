@@ -189,7 +189,7 @@ def summary(fn: Callable, *args, depth: int | None = None, **kwargs) -> Summary:
         bandwidth_bytes=sum(t for t, _ in traffic),
         uncounted=tuple(sorted({p for op in graph.ops for p in op.uncounted})),
         untransformed_macs=None if base is None else _total_macs(base, args, kwargs),
-        gemm_tiles=tiles_per_layer(graph.closed),
+        gemm_tiles=tiles_per_layer(graph),
     )
 
 
