@@ -48,6 +48,7 @@ from jax._src import source_info_util
 from ._interpreter import Traced
 from ._layers import Layer, describe
 from ._macs import eqn_macs
+from ._registry import lookup
 from ._roles import Leaf, as_call, closure_names, input_leaves
 
 ROLES = ("input", "param", "const", "literal", "activation")
@@ -199,12 +200,11 @@ def bits(mask: int):
 
 
 def _operand_roles(op: Op) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Operand positions read as weights (a conv kernel, a fused bias) and as
-    activations; other operands decide nothing."""
-    name = op.primitive
-    if name == "ffi_call" and op.eqn.params["target_name"].startswith("jtile_conv"):
-        name = "conv_bias_act"
-    return {"conv_general_dilated": ((1,), (0,)), "conv_bias_act": ((1, 2), (0, 3))}.get(name, ((), ()))
+    """Operand positions read as weights and as activations (registry facets)."""
+    entry = lookup(op.eqn)
+    if entry is None:
+        return (), ()
+    return entry.weights or (), entry.activations or ()
 
 
 class Graph:

@@ -40,6 +40,8 @@ from collections.abc import Callable
 import jax.extend.core as jcore
 import numpy as np
 
+from ._registry import facet, key, register
+
 CATEGORIES = ("conv", "dense", "pool", "norm", "activation", "elementwise")
 
 
@@ -71,12 +73,12 @@ def _is_scalar(v) -> bool:
     return isinstance(v, jcore.Literal) or math.prod(v.aval.shape) == 1
 
 
-def _max_min(eqn) -> tuple[str, int]:
+def _max_min(eqn) -> Counter:
     kind = "activation" if any(_is_scalar(v) for v in eqn.invars) else "elementwise"
-    return kind, _out_elements(eqn)
+    return Counter({kind: _out_elements(eqn)})
 
 
-_RULES: dict[str, tuple[str, Callable]] = {
+_RULES: dict[str, tuple[str, Callable]] = {  # registered below, one entry each
     "conv_general_dilated": ("conv", _conv),
     "dot_general": ("dense", _dot),
     **{p: ("pool", _window) for p in (
@@ -164,33 +166,40 @@ _KERNELS: dict[str, tuple[str, Callable]] = {  # jtile.kernels FFI targets (x NC
 }
 
 
-def _kernel(eqn) -> Counter | None:
-    target = eqn.params["target_name"]
-    kind, rule = ("conv", _kernel_conv) if target.startswith("jtile_conv") else _KERNELS.get(target, (None, None))
-    if rule is None:
-        return None
-    attributes = dict(eqn.params["attributes"] or ())
-    # (x, weight[, bias[, residual]]); an empty residual buffer is none.
-    epilogue = [v for v in eqn.invars[2:4] if math.prod(v.aval.shape)] if kind in ("conv", "dense") else []
-    return Counter({kind: rule(eqn)}) + _epilogue(eqn, len(epilogue), attributes.get("activation"))
+def _kernel(kind: str, rule: Callable) -> Callable:
+    def macs(eqn) -> Counter:
+        attributes = dict(eqn.params["attributes"] or ())
+        # (x, weight[, bias[, residual]]); an empty residual buffer is none.
+        epilogue = [v for v in eqn.invars[2:4] if math.prod(v.aval.shape)] if kind in ("conv", "dense") else []
+        return Counter({kind: rule(eqn)}) + _epilogue(eqn, len(epilogue), attributes.get("activation"))
+
+    return macs
+
+
+def _counted(kind: str, rule: Callable) -> Callable:
+    def macs(eqn) -> Counter:
+        n = rule(eqn)
+        return Counter({kind: n}) if n else Counter()
+
+    return macs
+
+
+for _name, (_kind, _rule) in _RULES.items():
+    register(_name, macs=_counted(_kind, _rule))
+for _name in ("max", "min"):
+    register(_name, macs=_max_min)
+for _name in ("conv_bias_act", "dense"):
+    register(_name, macs=_fused)
+for _target in ("jtile_conv_direct", "jtile_conv_smm", "jtile_conv_winograd", "jtile_conv_depthwise"):
+    register(f"ffi_call:{_target}", macs=_kernel("conv", _kernel_conv), weights=(1, 2), activations=(0, 3))
+for _target, (_kind, _rule) in _KERNELS.items():
+    register(f"ffi_call:{_target}", macs=_kernel(_kind, _rule))
 
 
 def eqn_macs(eqn, bodies: list[tuple[Counter, set]] = ()) -> tuple[Counter, set[str]]:
-    """MACs of `eqn` by category, and the primitives that had no rule; a
+    """MACs of `eqn` by category, and the ops that had no rule; a
     control-flow equation needs the `(MACs, uncounted)` of its `bodies`."""
-    name = eqn.primitive.name
-    if name in ("conv_bias_act", "dense"):
-        return _fused(eqn), set()
-    if name == "ffi_call":
-        macs = _kernel(eqn)
-        return (Counter(), {f"ffi_call:{eqn.params['target_name']}"}) if macs is None else (macs, set())
-    if name in ("max", "min"):
-        kind, macs = _max_min(eqn)
-        return Counter({kind: macs}), set()
-    if name in _RULES:
-        kind, rule = _RULES[name]
-        macs = rule(eqn)
-        return (Counter({kind: macs}) if macs else Counter()), set()
     if bodies:
         return _control_flow(eqn, list(bodies))
-    return Counter(), {name}
+    rule = facet(eqn, "macs")
+    return (Counter(), {key(eqn)}) if rule is None else (rule(eqn), set())

@@ -42,7 +42,8 @@ from onnx import helper, numpy_helper
 from .. import _graph as jtile_graph
 from .._errors import OnnxError
 from .._interpreter import make_jaxpr
-from ._export_ops import EMITTERS
+from .. import _registry
+from . import _export_ops  # noqa: F401  (registers the emitters)
 
 OPSET = 18
 
@@ -114,11 +115,11 @@ class _Exporter:
 
     def emit(self, eqn, ins: list[str], scope: str) -> list[str]:
         name = eqn.primitive.name
-        emitter = EMITTERS.get(name)
+        emitter = _registry.facet(eqn, "onnx")
         if emitter is None:
             raise OnnxError(
                 f"export: primitive {name!r} in layer {scope or '<top level>'!r} has no ONNX mapping "
-                f"(exportable: {', '.join(sorted(EMITTERS))}); rewrite or remove it before exporting"
+                f"(exportable: {', '.join(sorted(n for n, e in _registry.entries().items() if e.onnx))}); rewrite or remove it before exporting"
             )
         self.graph.scope = scope
         out = emitter(self.graph, eqn, *ins)
