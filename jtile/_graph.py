@@ -359,6 +359,19 @@ class Graph:
             for sub in op.subgraphs:
                 yield from sub.all_ops()
 
+    def described(self) -> dict[int, Layer]:
+        """`{id(eqn): jtile.Layer}` for every known layer, bodies included; a
+        layer's `index` is its position among the layers of its kind in program
+        order (`all_ops` order), the numbering every selector sees."""
+        counts: Counter = Counter()
+        out = {}
+        for op in self.all_ops():
+            layer = op.layer()
+            if layer is not None:
+                out[id(op.eqn)] = dataclasses.replace(layer, index=counts[layer.kind])
+                counts[layer.kind] += 1
+        return out
+
     def producers(self) -> dict:
         """`{jaxpr var: the equation that produces it}` over every body too."""
         return {v.var: op.eqn for op in self.all_ops() for v in op.outs}
