@@ -218,7 +218,9 @@ def split_gemm(
             "dense": functools.partial(_dense_rule, splitter),
         }
 
-    return transform(fn, "split_gemm", make_rules)
+    return transform(fn, "split_gemm", make_rules, refuse={
+        "swap_backend": "kernel calls cannot be split; use swap_backend(split_gemm(f))",
+    })
 
 
 _TILE = re.compile(r"^(.*?)/?gemm_tile_m\d+_k\d+_n\d+(/|$)")
