@@ -156,19 +156,22 @@ def _untransformed(fn: Callable) -> Callable | None:
     return fn
 
 
-def summary(fn: Callable, *args, depth: int | None = None, **kwargs) -> Summary:
+def summary(fn: Callable, *args, depth: int | None = None, params=None, **kwargs) -> Summary:
     """The parameters, MACs, memory and bandwidth of `fn(*args, **kwargs)`.
 
     Arguments may be arrays or `jax.ShapeDtypeStruct`s (from `jax.eval_shape`);
     nothing is computed. A function closing over its weights (a jtile transform
     of a module, say) needs them as arrays, since its closure is called.
     `depth` cuts layer names to that many scope components, as torchinfo's
-    depth does. Which leaves count as parameters, and which are trainable, is
-    described in `jtile.analysis._roles`.
+    depth does. Which leaves count as parameters is decided by `jtile.Graph`
+    (the calling convention, corrected by the dataflow: a conv weight is a
+    parameter whatever its argument position; constants a lowering made are
+    not parameters); `params=` overrides it with a predicate on a leaf's path
+    (`"args[1]['w']"`) or a collection of paths.
     """
     if depth is not None:
         require_positive_int("jtile.summary", "depth", depth)
-    graph = trace_graph("jtile.summary", fn, args, kwargs)
+    graph = trace_graph("jtile.summary", fn, args, kwargs, params=params)
     leaf_rows = graph.layers()
     rows = leaf_rows if depth is None else graph.layers(depth)
     macs = sum((r.macs for r in leaf_rows), Counter())
@@ -181,7 +184,7 @@ def summary(fn: Callable, *args, depth: int | None = None, **kwargs) -> Summary:
         total_params=sum(leaf.size for leaf in graph.leaves if leaf.is_param),
         trainable_params=_popcount_size(graph.trainable, graph),
         weight_bytes=sum(leaf.nbytes for leaf in graph.leaves if leaf.is_param),
-        input_bytes=sum(v.nbytes for v in graph.inputs if v.role == "input"),
+        input_bytes=sum(v.nbytes for v in graph.inputs if v.role == "input" and v.consumers),
         macs_by_category={k: macs.get(k, 0) for k in CATEGORIES},
         activation_bytes=sum(v.nbytes for r in computing for v in r.outputs if v.data),
         peak_bandwidth_bytes=max(traffic)[0],
