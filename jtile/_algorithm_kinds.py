@@ -26,7 +26,8 @@ from ._errors import ConfigError
 from ._fused import activate
 from ._graph import Graph
 from ._interpreter import eager_if_known
-from ._layers import Layer, dense_weight_axis, pool_axes, pool_window, scope_name
+from ._layers import Layer, dense_weight_axis, pool_window, scope_name
+from ._regions import pool_axes
 
 _F32 = np.dtype(np.float32)
 

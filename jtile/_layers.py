@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ._regions import pool_axes
 from ._registry import facet, register
 
 
@@ -104,22 +105,6 @@ def _describe_dot(eqn) -> Layer:
         in_channels=shapes[1][w_contract],
         out_channels=shapes[1][1 - w_contract],
     )
-
-
-def pool_axes(eqn) -> tuple[int, int] | None:
-    """The two spatial axes of a 4-D `reduce_window`: (2, 3) for NCHW, (1, 2) for NHWC."""
-    p = eqn.params
-    if eqn.invars[0].aval.ndim != 4:
-        return None
-    pooled = {
-        d
-        for d in range(4)
-        if p["window_dimensions"][d] != 1 or p["window_strides"][d] != 1 or p["padding"][d] != (0, 0)
-    }
-    for axes in ((2, 3), (1, 2)):
-        if pooled <= set(axes):
-            return axes
-    return None
 
 
 def pool_window(eqn) -> dict:
