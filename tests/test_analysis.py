@@ -353,3 +353,14 @@ def test_conv_weight_is_a_param_in_any_argument_position(getkey):
     assert (s.total_params, s.input_bytes) == (w.size, x.nbytes + b.nbytes)
     with pytest.raises(jtile.ConfigError, match="params= names args\\[7\\]"):
         summary(f, x, w, b, params={"args[7]"})
+
+
+def test_type_column_shows_what_the_model_calls_each_layer():
+    model = jtile.models.get("resnet18", jax.random.key(0))
+    s = summary(model, jax.ShapeDtypeStruct((1, 3, 64, 64), jnp.float32))
+    types = {layer.name: layer.type for layer in s.layers}
+    assert (types["conv1"], types["bn1"], types["relu"], types["maxpool"], types["fc"]) == (
+        "Conv2d", "BatchNorm2d", "ReLU", "MaxPool2d", "Linear")
+    assert "BatchNorm2d" in str(s).splitlines()[4]
+    s = summary(jtile.onnx.load(os.path.join(LIGHT, "light_resnet50.onnx")), jax.ShapeDtypeStruct((1, 3, 224, 224), jnp.float32))
+    assert {layer.type for layer in s.layers} >= {"Conv", "BatchNormalization", "Relu", "Gemm"}

@@ -23,6 +23,7 @@ import json
 from collections import Counter
 from collections.abc import Callable
 
+import jax
 import numpy as np
 
 from .._errors import require_positive_int
@@ -38,6 +39,7 @@ class LayerCost:
 
     name: str
     kind: str
+    type: str
     ops: tuple[str, ...]
     output_shapes: tuple[tuple[int, ...], ...]
     params: int
@@ -120,11 +122,12 @@ def _popcount_size(mask: int, graph: Graph) -> int:
     return sum(graph.leaves[i].size for i in bits(mask))
 
 
-def _cost(row: LayerGroup, index: int, graph: Graph) -> LayerCost:
+def _cost(row: LayerGroup, index: int, graph: Graph, types: dict[str, str]) -> LayerCost:
     owned = row.params
     return LayerCost(
         name=row.name,
         kind=row.kind,
+        type=types.get(row.name, ",".join(row.op_names)),
         ops=tuple(row.op_names),
         output_shapes=tuple(tuple(v.aval.shape) for v in row.outputs),
         params=_popcount_size(owned, graph),
@@ -145,6 +148,33 @@ def _parameters(graph: Graph, rows: list[LayerGroup]) -> tuple[Parameter, ...]:
         for i, leaf in enumerate(graph.leaves)
         if leaf.is_param
     )
+
+
+def layer_types(fn) -> dict[str, str]:
+    """`{layer name: its type}` where the model says it: an ONNX node's op type,
+    a zoo module's class (`Conv2d`, `BatchNorm2d`, `ReLU`). Other layers show
+    their primitives."""
+    import equinox as eqx
+
+    from ..onnx import OnnxModel
+
+    while hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    fn = getattr(fn, "__self__", fn)
+    if isinstance(fn, OnnxModel):
+        nodes = fn.proto.graph.node  # unnamed nodes are scoped as the importer names them
+        return {node.name or f"{node.op_type}_{i}": node.op_type for i, node in enumerate(nodes)}
+    named = lambda x: isinstance(x, eqx.Module) and isinstance(getattr(x, "name", None), str)  # noqa: E731
+    types = {}
+
+    def visit(tree):
+        for m in jax.tree.leaves(tree, is_leaf=lambda x: named(x) and x is not tree):
+            if named(m):
+                types.setdefault(m.name, type(m).__name__)
+                visit(m)
+
+    visit(fn)
+    return types
 
 
 def _untransformed(fn: Callable) -> Callable | None:
@@ -179,7 +209,7 @@ def summary(fn: Callable, *args, depth: int | None = None, params=None, **kwargs
     traffic = [(r.input_bytes + r.output_bytes, r.name) for r in computing] or [(0, "")]
     base = _untransformed(fn)
     return Summary(
-        layers=tuple(_cost(r, i, graph) for i, r in enumerate(rows)),
+        layers=tuple(_cost(r, i, graph, layer_types(fn)) for i, r in enumerate(rows)),
         parameters=_parameters(graph, leaf_rows),
         total_params=sum(leaf.size for leaf in graph.leaves if leaf.is_param),
         trainable_params=_popcount_size(graph.trainable, graph),
@@ -230,13 +260,13 @@ def _fit(text: str, width: int, keep_end: bool = False) -> str:
 
 def _render(s: Summary) -> str:
     name_w = min(max([len(r.name) for r in s.layers] + [5]), 56)
-    head = f"{'Layer':<{name_w}}  {'Op(s)':<22}  {'Output shape':<22}  {'Params':>12}  {'MACs':>16}"
+    head = f"{'Layer':<{name_w}}  {'Type':<22}  {'Output shape':<22}  {'Params':>12}  {'MACs':>16}"
     rule = "=" * len(head)
     lines = [rule, head, rule]
     for r in s.layers:
         params = f"{r.params:,}" if r.params else "--"
         lines.append(
-            f"{_fit(r.name, name_w, keep_end=True):<{name_w}}  {_fit(','.join(r.ops), 22):<22}  "
+            f"{_fit(r.name, name_w, keep_end=True):<{name_w}}  {_fit(r.type, 22):<22}  "
             f"{_fit(_shape(r.output_shapes), 22):<22}  {params:>12}  {r.macs:>16,}"
         )
     by_cat = ", ".join(f"{k} {_si(v)}" for k, v in s.macs_by_category.items() if v)
