@@ -40,6 +40,7 @@ from collections.abc import Callable
 import jax.extend.core as jcore
 import numpy as np
 
+from ._geometry import ConvGeometry, DotGeometry
 from ._registry import facet, key, register
 
 CATEGORIES = ("conv", "dense", "pool", "norm", "activation", "elementwise")
@@ -54,15 +55,11 @@ def _in_elements(eqn) -> int:
 
 
 def _conv(eqn) -> int:
-    rhs_spec = eqn.params["dimension_numbers"][1]
-    rhs = eqn.invars[1].aval.shape
-    return out_elements(eqn) * math.prod(rhs) // rhs[rhs_spec[0]]
+    return ConvGeometry.of(eqn).macs
 
 
 def _dot(eqn) -> int:
-    (lhs_contract, _), _ = eqn.params["dimension_numbers"]
-    lhs = eqn.invars[0].aval.shape
-    return out_elements(eqn) * math.prod(lhs[d] for d in lhs_contract)
+    return DotGeometry.of(eqn).macs
 
 
 def _window(eqn) -> int:

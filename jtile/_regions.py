@@ -126,19 +126,3 @@ def pool_axes(eqn) -> tuple[int, int] | None:
         if pooled <= set(axes):
             return axes
     return None
-
-
-def conv_axis(eqn, spatial: int) -> SlidingWindow:
-    """The `SlidingWindow` of a `conv_general_dilated` along spatial dim `spatial`."""
-    p = eqn.params
-    lhs_spec, rhs_spec, _ = p["dimension_numbers"]
-    lhs, rhs = (v.aval.shape for v in eqn.invars[:2])
-    pad_lo, pad_hi = p["padding"][spatial]
-    return SlidingWindow(
-        in_size=lhs[lhs_spec[2 + spatial]],
-        window=rhs[rhs_spec[2 + spatial]],
-        stride=p["window_strides"][spatial],
-        pad_lo=pad_lo,
-        pad_hi=pad_hi,
-        dilation=p["rhs_dilation"][spatial],
-    )
