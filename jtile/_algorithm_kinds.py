@@ -1,7 +1,7 @@
 """The layer kinds `swap_backend` knows: how to spot them, run them, and pick for them.
 
-For each kind: a layer describer for its primitive (registered with
-`jtile._layers`), per-algorithm `support(eqn, layer)` (why a kernel cannot
+For each kind (the `jtile.Layer` kind its primitive's registry entry
+describes): per-algorithm `support(eqn, layer)` (why a kernel cannot
 serve a layer, or `None`) and `run(eqn, *invals)` (the kernel call,
 transposing to the kernels' NCHW / OIHW / (K, N) layout only when the equation
 uses another), and the `"auto"` cost model.
@@ -19,14 +19,16 @@ machine, and keeps XLA everywhere else, including every non-float32 layer.
 
 import math
 
-import jax.extend.core as jcore
 import jax.numpy as jnp
 import numpy as np
 
 from ._errors import ConfigError
 from ._fused import activate
-from ._interpreter import eager_if_known, iter_eqns, iter_jaxprs
-from ._layers import Layer, dense_weight_axis, pool_axes, pool_window, scope_name
+from ._graph import Graph
+from ._interpreter import eager_if_known
+from ._geometry import ConvGeometry, PoolGeometry
+from ._layers import Layer, dense_weight_axis, scope_name
+from ._regions import pool_axes
 
 _F32 = np.dtype(np.float32)
 
@@ -55,24 +57,13 @@ def _restore(y, spec):
     return y if tuple(spec) == tuple(range(len(spec))) else jnp.transpose(y, np.argsort(spec))
 
 
-def _shape_in(shape, spec) -> tuple[int, ...]:
-    return tuple(shape[d] for d in spec)
-
-
 # ---------------------------------------------------------------- conv2d
 
 
 def _conv_geometry(eqn) -> dict:
-    p = eqn.params
-    lhs_spec, rhs_spec, _ = p["dimension_numbers"]
-    return dict(
-        x_shape=_shape_in(eqn.invars[0].aval.shape, lhs_spec),
-        w_shape=_shape_in(eqn.invars[1].aval.shape, rhs_spec),
-        stride=tuple(p["window_strides"]),
-        padding=tuple(tuple(pad) for pad in p["padding"]),
-        dilation=tuple(p["rhs_dilation"]),
-        groups=p["feature_group_count"],
-    )
+    g = ConvGeometry.of(eqn)
+    return dict(x_shape=g.in_shape, w_shape=g.w_shape, stride=g.stride, padding=g.padding,
+                dilation=g.dilation, groups=g.groups)
 
 
 def _conv_support(name: str):
@@ -253,7 +244,7 @@ def _pool_spec(eqn) -> tuple[int, ...]:
 
 def _pool_run(kernel: str):
     def run(eqn, x, *, producers):
-        window, spec = pool_window(eqn), _pool_spec(eqn)
+        window, spec = PoolGeometry.of(eqn).fields(), _pool_spec(eqn)
         pool = getattr(_kernels(), kernel)
         y = pool(_reorder(x, spec), window["kernel_size"], window["stride"], window["padding"])
         return _restore(y, spec)
@@ -261,39 +252,25 @@ def _pool_run(kernel: str):
     return run
 
 
-def producers(jaxpr: jcore.Jaxpr) -> dict:
-    """`{var: the equation that produces it}` over `jaxpr` and its sub-jaxprs."""
-    return {v: eqn for eqn in iter_eqns(jaxpr) for v in eqn.outvars}
-
-
-def find_avg_pools(jaxpr: jcore.Jaxpr) -> dict[int, int]:
+def find_avg_pools(graph: Graph) -> dict[int, int]:
     """`{id(reduce_window_sum eqn): id(div eqn)}` for every sum pool whose one use
-    divides it by its window size, in `jaxpr` and its sub-jaxprs."""
+    divides it by its window size, in `graph` and its control-flow bodies."""
     pairs = {}
-    for inner in iter_jaxprs(jaxpr):
-        uses: dict = {}
-        for eqn in inner.eqns:
-            for v in eqn.invars:
-                if isinstance(v, jcore.Var):
-                    uses.setdefault(v, []).append(eqn)
-        for v in inner.outvars:
-            if isinstance(v, jcore.Var):
-                uses.setdefault(v, []).append(None)
-        for eqn in inner.eqns:
-            if eqn.primitive.name != "reduce_window_sum" or pool_axes(eqn) is None:
-                continue
-            consumers = uses.get(eqn.outvars[0], [])
-            window = math.prod(eqn.params["window_dimensions"])
-            if len(consumers) == 1 and _divides_by(consumers[0], eqn.outvars[0], window):
-                pairs[id(eqn)] = id(consumers[0])
+    for op in graph.all_ops():
+        if op.primitive != "reduce_window_sum" or pool_axes(op.eqn) is None:
+            continue
+        (out,) = op.outs
+        window = math.prod(op.eqn.params["window_dimensions"])
+        if not out.is_output and len(out.consumers) == 1 and _divides_by(out.consumers[0], out, window):
+            pairs[id(op.eqn)] = id(out.consumers[0].eqn)
     return pairs
 
 
-def _divides_by(eqn, numerator, value: int) -> bool:
-    if eqn is None or eqn.primitive.name != "div" or eqn.invars[0] is not numerator:
+def _divides_by(op, numerator, value: int) -> bool:
+    if op.primitive != "div" or op.ins[0] is not numerator:
         return False
-    divisor = eqn.invars[1]
-    return isinstance(divisor, jcore.Literal) and np.ndim(divisor.val) == 0 and divisor.val == value
+    divisor = op.ins[1]
+    return divisor.role == "literal" and np.ndim(divisor.var.val) == 0 and divisor.var.val == value
 
 
 def _auto_pool(kernel: str):

@@ -244,17 +244,36 @@ def trace(where: str, fn: Callable, args: tuple, kwargs: dict, cache: dict) -> T
     return cache[key]
 
 
+def applied(fn: Callable) -> tuple[str, ...]:
+    """The jtile transforms `fn` is the result of, innermost first."""
+    return getattr(fn, "__jtile_transforms__", ())
+
+
+def refuse_after(fn: Callable, where: str, refuse: Mapping[str, str]) -> None:
+    """Raise if `fn` already went through a transform that `where` cannot follow.
+
+    `refuse` maps a transform name to the reason and the order to use instead,
+    so that a composition is never a silent no-op.
+    """
+    for inner in applied(fn):
+        if inner in refuse:
+            raise ConfigError(f"{where}: the function was already transformed by {inner}: {refuse[inner]}")
+
+
 def transform(
-    fn: Callable, where: str, make_rules: Callable[[jcore.ClosedJaxpr], Rules]
+    fn: Callable, where: str, make_rules: Callable[[jcore.ClosedJaxpr], Rules],
+    refuse: Mapping[str, str] = {},
 ) -> Callable:
     """Wrap `fn` so that calls evaluate its jaxpr with a fresh `make_rules(jaxpr)` table.
 
     `make_rules` receives the (inlined) jaxpr about to be evaluated, so rules may
     plan on the whole graph first, and it is called once per evaluation, so rules
-    may keep per-call state (a layer counter, say).
+    may keep per-call state (a layer counter, say). `refuse` lists the transforms
+    `where` cannot follow (see `refuse_after`).
     """
     if not callable(fn):
         raise ConfigError(f"{where}: expected a function to transform, got {fn!r}")
+    refuse_after(fn, where, refuse)
     cache: dict = {}
 
     @functools.wraps(fn)
@@ -267,20 +286,13 @@ def transform(
         return jax.tree.unflatten(traced.out_tree, out)
 
     wrapped.__jtile_cache__ = cache
+    wrapped.__jtile_transforms__ = (*applied(fn), where)
     return wrapped
 
 
 def make_jaxpr(fn: Callable, *args, **kwargs) -> jcore.ClosedJaxpr:
     """The inlined jaxpr of `fn` with filter semantics, for analysis and scheduling."""
     return Traced("jtile", fn, args, kwargs).jaxpr
-
-
-def iter_jaxprs(jaxpr: jcore.Jaxpr):
-    """`jaxpr` and every sub-jaxpr of its equations, depth first."""
-    yield jaxpr
-    for eqn in jaxpr.eqns:
-        for sub in jcore.jaxprs_in_params(eqn.params):
-            yield from iter_jaxprs(sub)
 
 
 def iter_eqns(jaxpr: jcore.Jaxpr):

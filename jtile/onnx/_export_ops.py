@@ -4,7 +4,8 @@ An emitter is `emit(graph, eqn, *input_names) -> output name(s)`; `graph` is
 `export.Graph` (`node(op, inputs, **attrs)`, `const(value)`). Layout-generic
 primitives (`dot_general`, `conv_general_dilated`, `reduce_window_*`) are
 transposed into the layout ONNX wants and back, with no-op transposes and
-reshapes skipped.
+reshapes skipped. Each emitter is the `onnx` facet of its primitive's
+`jtile._registry` entry.
 """
 
 import math
@@ -13,6 +14,8 @@ import numpy as np
 from onnx import helper
 
 from .._errors import OnnxError
+from .._geometry import ConvGeometry, DotGeometry
+from .._registry import register
 
 
 def _in_shape(eqn, i: int = 0) -> tuple[int, ...]:
@@ -163,12 +166,10 @@ def _split(g, eqn, x):
 
 def dot(g, eqn, lhs: str, rhs: str) -> str:
     """`dot_general` as transposes, reshapes and one batched `MatMul`."""
-    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    geo = DotGeometry.of(eqn)
     ls, rs = _in_shape(eqn, 0), _in_shape(eqn, 1)
-    lf = [d for d in range(len(ls)) if d not in lc and d not in lb]
-    rf = [d for d in range(len(rs)) if d not in rc and d not in rb]
-    batch = [ls[d] for d in lb]
-    m, k, n = (math.prod(s[d] for d in ds) for s, ds in ((ls, lf), (ls, lc), (rs, rf)))
+    lb, lc, lf, rb, rc, rf = geo.lhs_batch, geo.lhs_contract, geo.lhs_free, geo.rhs_batch, geo.rhs_contract, geo.rhs_free
+    batch, (m, k, n) = [ls[d] for d in lb], (geo.m, geo.k, geo.n)
     dtype = _out(eqn).dtype
     x = _transpose(g, _cast(g, lhs, eqn.invars[0].aval.dtype, dtype), [*lb, *lf, *lc])
     x = _reshape(g, x, [*batch, *(ls[d] for d in lf), *(ls[d] for d in lc)], [*batch, m, k])
@@ -180,25 +181,23 @@ def dot(g, eqn, lhs: str, rhs: str) -> str:
 
 def conv(g, eqn, x: str, w: str, bias: str | None = None) -> str:
     """`conv_general_dilated` as an ONNX `Conv` in NCHW / OIHW, transposed back."""
-    p = eqn.params
-    lhs_spec, rhs_spec, out_spec = p["dimension_numbers"]
-    if any(d != 1 for d in p["lhs_dilation"]) or p["batch_group_count"] != 1:
+    geo = ConvGeometry.of(eqn)
+    if any(d != 1 for d in geo.lhs_dilation) or geo.batch_groups != 1:
         _fail(eqn, "input dilation (transposed conv) and batch groups have no ONNX Conv mapping")
-    if any(lo < 0 or hi < 0 for lo, hi in p["padding"]):
+    if any(lo < 0 or hi < 0 for lo, hi in geo.padding):
         _fail(eqn, "negative conv padding has no ONNX Conv mapping")
     dtype = _out(eqn).dtype
-    x = _transpose(g, _cast(g, x, eqn.invars[0].aval.dtype, dtype), lhs_spec)
-    w = _transpose(g, _cast(g, w, eqn.invars[1].aval.dtype, dtype), rhs_spec)
-    rhs_shape = _in_shape(eqn, 1)
+    x = _transpose(g, _cast(g, x, eqn.invars[0].aval.dtype, dtype), geo.lhs_spec)
+    w = _transpose(g, _cast(g, w, eqn.invars[1].aval.dtype, dtype), geo.rhs_spec)
     y = g.node(
         "Conv", [x, w] + ([bias] if bias else []),
-        strides=list(p["window_strides"]),
-        pads=[lo for lo, _ in p["padding"]] + [hi for _, hi in p["padding"]],
-        dilations=list(p["rhs_dilation"]),
-        group=int(p["feature_group_count"]),
-        kernel_shape=[rhs_shape[d] for d in rhs_spec[2:]],
+        strides=list(geo.stride),
+        pads=[lo for lo, _ in geo.padding] + [hi for _, hi in geo.padding],
+        dilations=list(geo.dilation),
+        group=int(geo.groups),
+        kernel_shape=list(geo.window),
     )
-    return _transpose(g, y, _inverse(out_spec))
+    return _transpose(g, y, _inverse(geo.out_spec))
 
 
 def _pool(op: str):
@@ -267,7 +266,7 @@ def _dense(g, eqn, lhs, rhs, bias):
     return activation(g, y, eqn.params["activation"], _out(eqn).dtype)
 
 
-EMITTERS = {
+_EMITTERS = {  # registered below, one registry entry each
     **{p: _binary(op) for p, op in {
         "add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "max": "Max", "min": "Min",
         "pow": "Pow", "eq": "Equal", "lt": "Less", "le": "LessOrEqual", "gt": "Greater",
@@ -316,3 +315,6 @@ EMITTERS = {
     "conv_bias_act": _conv_bias_act,
     "dense": _dense,
 }
+
+for _name, _emitter in _EMITTERS.items():
+    register(_name, onnx=_emitter)
