@@ -3,7 +3,7 @@
 Before opset 7 the binary ops broadcast only with `broadcast=1` (and `axis`);
 `legacy_broadcast` maps that onto numpy broadcasting.
 
-Integer `Mod` follows the divisor's sign (`fmod=0`) or the dividend's (`fmod=1`).
+`Mod` follows the divisor's sign (`fmod=0`) or the dividend's (`fmod=1`).
 Integer `Div` truncates toward zero and `Pow` keeps the base's dtype, as in
 the ONNX reference. Everything folds to numpy when its inputs are static.
 """
@@ -93,11 +93,8 @@ def is_inf(node, x):
 
 @register("Mod", since=10)
 def mod(node, a, b):
-    fmod = node.attr("fmod", 0)
-    if not fmod and np.issubdtype(a.dtype, np.floating):
-        raise node.fail("fmod must be 1 for floating-point inputs (ONNX Mod)")
     m = xp(a, b)
-    return (m.fmod if fmod else m.mod)(a, b)
+    return (m.fmod if node.attr("fmod", 0) else m.mod)(a, b)
 
 
 @register("Reciprocal", since=6)
