@@ -18,6 +18,7 @@ of one equation:
 | `cond`                            | its body's  | the most expensive branch                       |
 | `while`                           | its body's  | body + cond, counted once (trip count unknown)  |
 | `conv_bias_act`, `dense` (fusion) | conv, dense | as conv / dot, plus bias and activation         |
+| `resize` (fused interpolation)    | elementwise | out elements * taps (linear 2, cubic 4) per resized axis; nearest 0 |
 | `ffi_call` to a `jtile.kernels`   | conv, dense,| as the op it implements (from the input and the |
 |   target                          | pool        | layer's geometry, whatever the weight's packing)|
 |                                   |             | plus its bias, residual and activation epilogue |
@@ -76,8 +77,15 @@ def _max_min(eqn) -> tuple[str, int]:
     return kind, _out_elements(eqn)
 
 
+def _resize(eqn) -> int:
+    taps = {"nearest": 0, "linear": 2, "cubic": 4}[eqn.params["mode"]]
+    resized = sum(o != i for o, i in zip(eqn.params["sizes"], eqn.invars[0].aval.shape))
+    return _out_elements(eqn) * taps * resized
+
+
 _RULES: dict[str, tuple[str, Callable]] = {
     "conv_general_dilated": ("conv", _conv),
+    "resize": ("elementwise", _resize),
     "dot_general": ("dense", _dot),
     **{p: ("pool", _window) for p in (
         "reduce_window_max", "reduce_window_min", "reduce_window_sum", "reduce_window"
