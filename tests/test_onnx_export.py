@@ -218,3 +218,21 @@ def test_resize_exports_as_one_resize_node(mode, coords, sizes):
     assert ops.count("Resize") == 1 and "Gather" not in ops
     np.testing.assert_allclose(_run(exported, x)[0], _run(source, x)[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(model(x)), _run(source, x)[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2"])
+def test_fused_cli_export_folds_batch_norm_into_the_convs(tmp_path, capsys, name):
+    from jtile.cli import main
+
+    small = ["--size", "32"]
+    plain, fused = tmp_path / "plain.onnx", tmp_path / "fused.onnx"
+    assert main(["export", name, *small, "-o", str(plain)]) == 0
+    assert main(["export", name, *small, "--fuse", "-o", str(fused)]) == 0
+    capsys.readouterr()
+    plain_model, fused_model = onnx.load(plain), onnx.load(fused)
+    ops = [n.op_type for n in fused_model.graph.node]
+    assert len(ops) <= len(plain_model.graph.node)
+    assert not {"Sqrt", "Reciprocal", "Sub", "BatchNormalization"} & set(ops)  # no batch-norm arithmetic left
+    assert ops.count("Conv") == [n.op_type for n in plain_model.graph.node].count("Conv")
+    x = _normal(1, 3, 32, 32, seed=3)
+    np.testing.assert_allclose(_run(fused_model, x)[0], _run(plain_model, x)[0], rtol=1e-4, atol=1e-5)

@@ -26,6 +26,8 @@ def _out(eqn):
 def _reshape(g, x: str, old, new) -> str:
     if tuple(old) == tuple(new):
         return x
+    if x in g.constants:  # a folded weight or bias: reshape the value, not the graph
+        return g.const(g.constants[x].reshape(new))
     return g.node("Reshape", [x, g.const(np.asarray(new, np.int64))])
 
 
