@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     if args.fuse:  # fold what depends only on the weights; they become the export's initializers
         fn, params = fold_params(fn, params), None
     if args.split_gemm:
-        fn = split_gemm(fn, **_tile_sizes(args.split_gemm))
+        fn = split_gemm(fn, **_tile_sizes(args.split_gemm), emit="unroll")  # ONNX has no loops of ours
     model = jonnx.export(fn, *inputs, params=params, path=args.output)
     print(f"wrote {args.output}: {len(model.graph.node)} nodes, "
           f"{len(model.graph.initializer)} initializers")
