@@ -138,8 +138,9 @@ class OnnxModel:
         static = _static_values(steps)
         initializers = {t.name: t for t in graph.initializer}
         self._constants = {k: _proto.to_array(t, "initializer") for k, t in initializers.items() if k in static}
-        self.params: dict[str, jax.Array] = {
-            k: jnp.asarray(_proto.to_array(t, "initializer")) for k, t in initializers.items() if k not in static
+        self.params: dict[str, jax.Array] = {  # device_put: jnp.asarray would compile a convert per shape
+            k: jax.device_put(_proto.to_array(t, "initializer", copy=False))
+            for k, t in initializers.items() if k not in static
         }
         inputs = [v for v in graph.input if v.name not in initializers]
         self.input_names = [v.name for v in inputs]

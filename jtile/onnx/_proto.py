@@ -55,6 +55,16 @@ def _decode(data: bytes, what: str) -> onnx.ModelProto:
     return model
 
 
+def initializer_bytes(model: onnx.ModelProto) -> int:
+    """The size of the initializers' data from their shapes (`ByteSize` serializes the model: seconds)."""
+    total = 0
+    for t in model.graph.initializer:
+        known = t.data_type in onnx.TensorProto.DataType.values() and t.data_type != onnx.TensorProto.STRING
+        size = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize if known and t.data_type else 1
+        total += int(np.prod(t.dims, dtype=np.int64)) * size
+    return total
+
+
 def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     """`model` without the data of its large initializers: they become graph inputs."""
     graph = model.graph
@@ -77,7 +87,7 @@ def check(model: onnx.ModelProto) -> None:
     """Run `onnx.checker.check_model` with strict type and shape inference, on the
     skeleton of a model over `FULL_CHECK_LIMIT` bytes; reject a graph without outputs."""
     try:
-        checked = skeleton(model) if model.ByteSize() >= FULL_CHECK_LIMIT else model
+        checked = skeleton(model) if initializer_bytes(model) >= FULL_CHECK_LIMIT else model
         onnx.checker.check_model(checked, full_check=True)
     except Exception as e:  # ValidationError, InferenceError, protobuf errors
         lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()] or [type(e).__name__]
@@ -117,11 +127,13 @@ def require_x64(dtype: np.dtype, where: str) -> None:
             "before loading, or export the model in float32")
 
 
-def to_array(tensor: onnx.TensorProto, where: str) -> np.ndarray:
-    """A numpy copy of a `TensorProto` (raises `OnnxError` on bad data)."""
+def to_array(tensor: onnx.TensorProto, where: str, copy: bool = True) -> np.ndarray:
+    """The numpy value of a `TensorProto`, a writable copy unless `copy=False`
+    (then possibly a read-only view); raises `OnnxError` on bad data."""
     require_x64(np_dtype(tensor.data_type, f"{where} tensor {tensor.name!r}"), f"{where} tensor {tensor.name!r}")
     try:
-        return np.array(numpy_helper.to_array(tensor))
+        value = numpy_helper.to_array(tensor)
+        return np.array(value) if copy else np.asarray(value)
     except Exception as e:
         raise OnnxError(f"{where}: tensor {tensor.name!r} holds invalid data: {e}") from e
 
