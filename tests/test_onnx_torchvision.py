@@ -75,8 +75,9 @@ ZOO = {
     "mnasnet0_5": (tvm.mnasnet0_5, 64),
     "googlenet": (functools.partial(tvm.googlenet, aux_logits=False, init_weights=True), 64),
     "inception_v3": (functools.partial(tvm.inception_v3, aux_logits=False, init_weights=True), 96),
-    "alexnet": (tvm.alexnet, 64),
-    "vgg11_bn": (tvm.vgg11_bn, 32),
+    # the TorchScript exporter writes adaptive pools only when the output divides the input: 6x6, 7x7 at 224
+    "alexnet": (tvm.alexnet, 224),
+    "vgg11_bn": (tvm.vgg11_bn, 224),
     "wide_resnet50_2": (tvm.wide_resnet50_2, 64),
     "resnext50_32x4d": (tvm.resnext50_32x4d, 64),
     "fcn_resnet50": (functools.partial(tvm.segmentation.fcn_resnet50, weights_backbone=None, aux_loss=False), 64),
