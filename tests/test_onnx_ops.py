@@ -204,3 +204,23 @@ def test_arg_reductions_match_reference(op, select_last):
     rng = np.random.default_rng(10)
     x = rng.integers(0, 3, size=(4, 5)).astype(np.float32)  # ties
     _check(_node_model(op, {"x": x}, axis=1, keepdims=1, select_last_index=select_last), {"x": x})
+
+
+def test_resize_imports_as_one_fused_op_with_a_layer_and_macs():
+    from jtile._interpreter import iter_eqns, make_jaxpr
+    from jtile._layers import describe
+    from jtile.analysis._macs import eqn_macs
+
+    x = np.random.default_rng(11).standard_normal((1, 3, 4, 5)).astype(np.float32)
+    sizes = np.asarray([1, 3, 8, 10], np.int64)
+    model = _node_model("Resize", {"x": x}, static={"roi": np.zeros(0, np.float32),
+                                                    "scales": np.zeros(0, np.float32), "sizes": sizes},
+                        mode="linear")
+    expected = ReferenceEvaluator(model).run(None, {"x": x})
+    imported = jtile.onnx.load(_typed(model, expected))
+    np.testing.assert_allclose(np.asarray(imported(x)), expected[0], rtol=1e-5, atol=1e-6)
+    (eqn,) = [e for e in iter_eqns(make_jaxpr(imported.fn, imported.params, x).jaxpr) if e.primitive.name == "resize"]
+    layer = describe(eqn)
+    assert layer.kind == "resize" and layer.name == "n0" and layer.out_shape == (1, 3, 8, 10)
+    macs, uncounted = eqn_macs(eqn)
+    assert macs == {"elementwise": 1 * 3 * 8 * 10 * 2 * 2} and not uncounted
