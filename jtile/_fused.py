@@ -27,10 +27,20 @@ output channels: `(1, C, 1, 1)` for an NCHW conv, `(1, N)` for `x @ W`,
 
 `describe` shows both as a `FusedLayer` (kind `"conv2d"` / `"dense"`, plus
 `activation` and `bias_shape`).
+
+A third primitive keeps an interpolation whole: `resize_p`, name `"resize"`,
+operand `x`, params one entry per axis of `x` (`sizes`, `scales`, `roi` as
+`(start, end)` pairs) plus ONNX Resize's attributes (`mode`, `nearest_mode`,
+`coords`, `cubic_a`, `exclude_outside`, `extrapolation`, `antialias`); it
+lowers to `jtile._resize.resize` (gathers and a weighted sum), `describe`
+shows it as a `Layer` of kind `"resize"`, and the exporter writes one ONNX
+`Resize`.
 """
 
 import dataclasses
 import functools
+import math
+from collections import Counter
 
 import jax
 import jax.extend.core as jcore
@@ -39,7 +49,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.interpreters import ad, batching, mlir
 
-from ._layers import Layer, _conv, scope_name
+from . import _resize
+from ._layers import Layer, _conv, layer_fields, scope_name
 from ._registry import register
 
 Activation = tuple
@@ -98,6 +109,7 @@ def _primitive(name: str, composition) -> jcore.Primitive:
 
 conv_bias_act_p = _primitive("conv_bias_act", _conv_bias_act)
 dense_p = _primitive("dense", _dense)
+resize_p = _primitive("resize", _resize.resize)
 
 
 def conv_bias_act(x, w, bias, residual=None, *, activation: Activation = (), **conv_params):
@@ -113,6 +125,11 @@ def dense(lhs, rhs, bias, *, dimension_numbers, activation: Activation = (), pre
         lhs, rhs, bias, activation=tuple(activation), dimension_numbers=dimension_numbers,
         precision=precision, preferred_element_type=preferred_element_type,
     )
+
+
+def resize(x, **params):
+    """Bind `resize_p` (params as in the module docstring, one entry per axis of `x`)."""
+    return resize_p.bind(x, **params)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,5 +181,18 @@ def _describe_dense(eqn) -> FusedLayer:
     )
 
 
+def _describe_resize(eqn) -> Layer:
+    channels = eqn.invars[0].aval.shape[1] if eqn.invars[0].aval.ndim > 1 else None
+    return Layer(kind="resize", **layer_fields(eqn), in_channels=channels, out_channels=channels)
+
+
 register("conv_bias_act", describe=_describe_conv, weights=(1, 2), activations=(0, 3))
 register("dense", describe=_describe_dense)
+def _resize_macs(eqn) -> Counter:
+    """Output elements x taps (linear 2, cubic 4, nearest 0) per resized axis."""
+    taps = {"nearest": 0, "linear": 2, "cubic": 4}[eqn.params["mode"]]
+    resized = sum(o != i for o, i in zip(eqn.params["sizes"], eqn.invars[0].aval.shape))
+    return Counter({"elementwise": math.prod(eqn.outvars[0].aval.shape) * taps * resized})
+
+
+register("resize", describe=_describe_resize, macs=_resize_macs, activations=(0,))

@@ -17,9 +17,20 @@ divide gives a smaller last tile. The K partial products of one output tile
 are summed left to right (k0 + k1 + ...), always in that order; the output
 tiles are concatenated back and reshaped to the original output layout.
 
-Every tile runs under `jax.named_scope(f"gemm_tile_m{i}_k{k}_n{j}")` inside
-the layer's own scope, so an analysis table or a schedule shows
-`<layer>/gemm_tile_m0_k1_n0`; `tiles_per_layer(graph)` counts them.
+Two emissions, chosen per product by `emit=`:
+
+- `"unroll"`: every tile is its own slices and dot, under
+  `jax.named_scope(f"gemm_tile_m{i}_k{k}_n{j}")` inside the layer's own scope,
+  so an analysis table, a schedule or an ONNX export shows
+  `<layer>/gemm_tile_m0_k1_n0`. Trace and compile time grow with the tile count.
+- `"loop"`: the operands are zero-padded once to whole tiles (ragged edges),
+  `lax.map` runs over the output tiles and `lax.fori_loop` over the K chunks
+  (same left-to-right sum), each step one uniform `dynamic_slice` tile; the
+  padding is cropped off the result. One loop body whatever the tile count,
+  under `gemm_tile_loop_m{M tiles}_k{K tiles}_n{N tiles}`.
+- `"auto"` (default): `"loop"` above `LOOP_ABOVE` tiles in one product.
+
+`tiles_per_layer(graph)` counts the tiles of both.
 
 With `kernel="ffi"` every tile is computed by the C kernel
 `jtile.kernels.dense` through `bounded_dense`, which refuses a tile larger
@@ -28,7 +39,9 @@ than the limits: this emulates a fixed-size GEMM accelerator.
 !!! warning
 
     Only `dot_general` (and jtile's fused `dense` op) is split. Convolutions
-    are not lowered to GEMMs here; see `jtile.tiling` for those.
+    are not lowered to GEMMs here; see `jtile.tiling` for those. The looped
+    emission pads a ragged operand (a copy of it per call, weights included)
+    and is not exportable to ONNX (control flow); export with `emit="unroll"`.
 """
 
 import functools
@@ -48,6 +61,8 @@ from ._interpreter import bind, transform
 from ._layers import scope_name
 
 _KERNELS = (None, "ffi")
+_EMITS = ("auto", "unroll", "loop")
+LOOP_ABOVE = 64  # tiles in one product above which emit="auto" loops
 
 
 def _ranges(size: int, step: int | None) -> list[tuple[int, int]]:
@@ -71,6 +86,15 @@ def _block(x, start: int, bounds: tuple[tuple[int, int], ...]):
     for i, (lo, hi) in enumerate(bounds):
         starts[start + i], limits[start + i] = lo, hi
     return lax.slice(x, starts, limits)
+
+
+def _pad_to(x, start: int, sizes: tuple[int, int]):
+    """`x` zero-padded at the high end of its two axes from `start` on to `sizes`."""
+    extra = [size - x.shape[start + i] for i, size in enumerate(sizes)]
+    if not any(extra):
+        return x
+    widths = [(0, 0, 0)] * start + [(0, e, 0) for e in extra] + [(0, 0, 0)] * (x.ndim - start - 2)
+    return lax.pad(x, np.zeros((), x.dtype), widths)
 
 
 def bounded_dense(x, w, *, max_m: int, max_k: int, max_n: int):
@@ -98,9 +122,10 @@ def bounded_dense(x, w, *, max_m: int, max_k: int, max_n: int):
 class _Splitter:
     """Splits one canonical batched product `(B.., M, K) @ (B.., K, N)`."""
 
-    def __init__(self, limits: tuple, kernel: str | None):
+    def __init__(self, limits: tuple, kernel: str | None, emit: str):
         self.max_m, self.max_k, self.max_n = limits
         self.kernel = kernel
+        self.emit = emit
 
     def tile(self, x, w, nbatch: int, precision, preferred):
         if self.kernel is None:
@@ -118,6 +143,42 @@ class _Splitter:
         return out.reshape(*x.shape[:-1], w.shape[-1])
 
     def __call__(self, x, w, nbatch: int, precision, preferred):
+        (m, k), n = x.shape[nbatch:], w.shape[-1]
+        tiles = tile_count(m, k, n, max_m=self.max_m, max_k=self.max_k, max_n=self.max_n)
+        if self.emit == "loop" or (self.emit == "auto" and tiles > LOOP_ABOVE):
+            return self.looped(x, w, nbatch, precision, preferred)
+        return self.unrolled(x, w, nbatch, precision, preferred)
+
+    def looped(self, x, w, nbatch: int, precision, preferred):
+        """One loop body: `lax.map` over output tiles, `lax.fori_loop` over K chunks."""
+        (m, k), n = x.shape[nbatch:], w.shape[-1]
+        tm, tk, tn = (min(size, limit or size) for size, limit in ((m, self.max_m), (k, self.max_k), (n, self.max_n)))
+        nm, nk, nn = -(-m // tm), -(-k // tk), -(-n // tn)
+        batch = x.shape[:nbatch]
+        x = _pad_to(x, nbatch, (nm * tm, nk * tk))
+        w = _pad_to(w, nbatch, (nk * tk, nn * tn))
+
+        def chunk(i, j, kk):
+            a = lax.dynamic_slice_in_dim(lax.dynamic_slice_in_dim(x, i * tm, tm, nbatch), kk * tk, tk, nbatch + 1)
+            b = lax.dynamic_slice_in_dim(lax.dynamic_slice_in_dim(w, kk * tk, tk, nbatch), j * tn, tn, nbatch + 1)
+            return self.tile(a, b, nbatch, precision, preferred)
+
+        dtype = jnp.result_type(x.dtype, w.dtype) if preferred is None else preferred
+
+        def output_tile(t):
+            i, j = t // nn, t % nn
+            zero = jnp.zeros((*batch, tm, tn), dtype)
+            return lax.fori_loop(0, nk, lambda kk, acc: acc + chunk(i, j, kk), zero)
+
+        with jax.named_scope(f"gemm_tile_loop_m{nm}_k{nk}_n{nn}"):
+            out = lax.map(output_tile, jnp.arange(nm * nn))  # (nm * nn, *batch, tm, tn)
+        out = out.reshape(nm, nn, *batch, tm, tn)
+        order = [*range(2, 2 + nbatch), 0, 2 + nbatch, 1, 3 + nbatch]
+        out = lax.transpose(out, order).reshape(*batch, nm * tm, nn * tn)
+        return _block(out, nbatch, ((0, m), (0, n)))
+
+    def unrolled(self, x, w, nbatch: int, precision, preferred):
+        """One slice-and-dot per tile, each under its own `gemm_tile_m{i}_k{k}_n{j}` scope."""
         m_axis, n_axis = nbatch, nbatch + 1
         (m, k), n = x.shape[nbatch:], w.shape[-1]
         rows = []
@@ -189,16 +250,19 @@ def split_gemm(
     max_k: int | None = None,
     max_n: int | None = None,
     kernel: str | None = None,
+    emit: str = "auto",
     **unknown,
 ) -> Callable:
     """Split every `dot_general` of `fn` into tiles of at most `max_m x max_k x max_n`.
 
     A limit left as `None` does not split that dimension; at least one limit is
     required, and all three with `kernel="ffi"` (every tile then runs on the C
-    GEMM kernel, which rejects larger tiles). Usable bare,
-    `split_gemm(f, max_m=64, max_k=64, max_n=64)`, or as a decorator.
+    GEMM kernel, which rejects larger tiles). `emit` is `"unroll"`, `"loop"` or
+    `"auto"` (loop above `LOOP_ABOVE` tiles in one product; see the module
+    docstring). Usable bare, `split_gemm(f, max_m=64, max_k=64, max_n=64)`, or
+    as a decorator.
     """
-    reject_unknown("split_gemm", unknown, ("max_m", "max_k", "max_n", "kernel"))
+    reject_unknown("split_gemm", unknown, ("max_m", "max_k", "max_n", "kernel", "emit"))
     limits = tuple(_check_limit(n, v) for n, v in zip(("max_m", "max_k", "max_n"), (max_m, max_k, max_n)))
     if all(v is None for v in limits):
         raise ConfigError("split_gemm: give at least one of max_m, max_k, max_n (positive ints)")
@@ -208,9 +272,11 @@ def split_gemm(
         raise ConfigError(
             "split_gemm: kernel='ffi' emulates a fixed-size GEMM unit; give all of max_m, max_k, max_n"
         )
+    if emit not in _EMITS:
+        raise ConfigError(f"split_gemm: emit must be one of {', '.join(map(repr, _EMITS))}, got {emit!r}")
     if fn is None:
-        return functools.partial(split_gemm, max_m=max_m, max_k=max_k, max_n=max_n, kernel=kernel)
-    splitter = _Splitter(limits, kernel)
+        return functools.partial(split_gemm, max_m=max_m, max_k=max_k, max_n=max_n, kernel=kernel, emit=emit)
+    splitter = _Splitter(limits, kernel, emit)
 
     def make_rules(closed):
         return {
@@ -224,21 +290,31 @@ def split_gemm(
 
 
 _TILE = re.compile(r"^(.*?)/?gemm_tile_m\d+_k\d+_n\d+(/|$)")
+_LOOP = re.compile(r"^(.*?)/?gemm_tile_loop_m(\d+)_k(\d+)_n(\d+)(/|$)")
 
 
 def tiles_per_layer(graph) -> dict[str, int]:
     """`{layer scope: number of GEMM tiles}` in the `jtile.Graph` (or inlined
     `ClosedJaxpr`) of a function made by `split_gemm`.
 
-    Tiles are counted by their scope names, so two products in one scope share a count.
+    Tiles are counted by their scope names (a loop's name carries its tile
+    grid), so two products in one scope share a count.
     """
     graph = graph if isinstance(graph, Graph) else Graph.of(graph)
     tiles: dict[str, set] = {}
+    loops: dict[str, dict[str, int]] = {}
     for op in graph.all_ops():
-        match = _TILE.match(scope_name(op.eqn))
+        scope = scope_name(op.eqn)
+        match = _TILE.match(scope)
         if match:
             tiles.setdefault(match.group(1), set()).add(match.group(0).rstrip("/"))
-    return {layer: len(names) for layer, names in tiles.items()}
+        elif match := _LOOP.match(scope):
+            grid = math.prod(int(g) for g in match.group(2, 3, 4))
+            loops.setdefault(match.group(1), {})[match.group(0).rstrip("/")] = grid
+    counts = {layer: len(names) for layer, names in tiles.items()}
+    for layer, grids in loops.items():
+        counts[layer] = counts.get(layer, 0) + sum(grids.values())
+    return counts
 
 
 def tile_count(m: int, k: int, n: int, *, max_m=None, max_k=None, max_n=None) -> int:

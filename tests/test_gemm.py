@@ -251,3 +251,60 @@ def test_summary_shows_tile_count_per_layer(getkey):
     # ceil(5/4) * ceil(100/32) * ceil(70/32) and ceil(5/4) * ceil(70/32) * ceil(10/32)
     assert report.gemm_tiles == {"fc1": 2 * 4 * 3, "fc2": 2 * 3 * 1}
     assert "GEMM tiles per layer (split_gemm): fc1 24, fc2 6" in report.table()
+
+
+@pytest.mark.parametrize("lshape,rshape,dims,limits", [
+    ((10, 23), (23, 7), (((1,), (0,)), ((), ())), (4, 8, 3)),  # ragged on every axis
+    ((3, 10, 9), (3, 9, 6), (((2,), (1,)), ((0,), (0,))), (4, 4, 4)),  # batched, attention-like
+    ((6, 20), (8, 20), (((1,), (1,)), ((), ())), (None, 6, 3)),  # x @ W.T, one limit open
+    ((2, 5, 16), (16, 12), (((2,), (0,)), ((), ())), (3, 16, 5)),  # (B, T, K) rows flattened
+])
+def test_looped_emission_matches_the_dot(lshape, rshape, dims, limits, tree_allclose):
+    lhs, rhs = _normal(*lshape), _normal(*rshape, seed=1)
+    fn = lambda x, y: lax.dot_general(x, y, dims)  # noqa: E731
+    max_m, max_k, max_n = limits
+    looped = split_gemm(fn, max_m=max_m, max_k=max_k, max_n=max_n, emit="loop")
+    unrolled = split_gemm(fn, max_m=max_m, max_k=max_k, max_n=max_n, emit="unroll")
+    assert len(_dots(looped, lhs, rhs)) == 1 < len(_dots(unrolled, lhs, rhs))
+    names = {e.primitive.name for e in iter_eqns(make_jaxpr(looped, lhs, rhs).jaxpr)}
+    assert "scan" in names  # lax.map, and fori_loop with a static trip count
+    got, tiles, want = jax.jit(lambda x, y: (looped(x, y), unrolled(x, y), fn(x, y)))(lhs, rhs)
+    assert tree_allclose(got, want, rtol=1e-5, atol=1e-4) and tree_allclose(got, tiles, rtol=1e-5, atol=1e-5)
+    assert tiles_per_layer(make_jaxpr(looped, lhs, rhs)) == tiles_per_layer(make_jaxpr(unrolled, lhs, rhs))
+
+
+def test_auto_emission_loops_above_the_tile_limit():
+    a, b = _normal(10, 64), _normal(64, 9, seed=1)
+    few = split_gemm(jnp.matmul, max_m=5, max_k=32, max_n=9)  # 4 tiles: unrolled
+    many = split_gemm(jnp.matmul, max_m=1, max_k=8, max_n=9)  # 80 tiles > LOOP_ABOVE: looped
+    assert jtile.gemm.LOOP_ABOVE < 80
+    assert len(_dots(few, a, b)) == 4 and len(_dots(many, a, b)) == 1
+    assert tiles_per_layer(make_jaxpr(many, a, b)) == {"": 80}
+    np.testing.assert_allclose(np.asarray(many(a, b)), a @ b, rtol=1e-5, atol=1e-4)
+
+
+def test_looped_emission_of_a_30000_tile_layer_has_one_tile_body():
+    """VGG's first FC layer (25088 -> 4096) at 64-tiles: 392 x 64 = 25088 tiles, plus a ragged row."""
+    x = jax.ShapeDtypeStruct((65, 25088), jnp.float32)
+    w = jax.ShapeDtypeStruct((25088, 4096), jnp.float32)
+    f = split_gemm(jnp.matmul, max_m=64, max_k=64, max_n=64)
+    jaxpr = jax.make_jaxpr(f)(x, w)
+    dots = [e for e in iter_eqns(jaxpr.jaxpr) if e.primitive.name == "dot_general"]
+    assert len(dots) == 1 and dots[0].outvars[0].aval.shape == (64, 64)
+    assert tiles_per_layer(jaxpr) == {"": 2 * 392 * 64}
+
+
+def test_looped_emission_runs_fused_dense_and_the_ffi_kernel(tree_allclose):
+    x, w, b = _normal(9, 40), _normal(40, 11, seed=1), _normal(11, seed=2)
+    fn = lambda x, w, b: jax.nn.relu(x @ w + b)  # noqa: E731
+    f = split_gemm(fusion.dense(fn), max_m=4, max_k=8, max_n=4, emit="loop")
+    assert tree_allclose(jax.jit(f)(x, w, b), fn(x, w, b), atol=1e-5)
+    g = split_gemm(jnp.matmul, max_m=4, max_k=8, max_n=4, kernel="ffi", emit="loop")
+    names = collections.Counter(e.primitive.name for e in iter_eqns(make_jaxpr(g, x, w).jaxpr))
+    assert names["ffi_call"] == 1 and names["dot_general"] == 0
+    assert tree_allclose(jax.jit(g)(x, w), x @ w, rtol=1e-5, atol=1e-4)
+
+
+def test_bad_emission_raises():
+    with pytest.raises(jtile.ConfigError, match="emit must be one of"):
+        split_gemm(jnp.matmul, max_m=8, emit="scan")

@@ -197,3 +197,42 @@ def test_fused_resnet18_with_residuals_round_trips_through_onnxruntime():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.max(np.abs(want))))
     ops = [n.op_type for n in exported.graph.node]
     assert ops.count("Conv") == 20 and ops.count("Add") == 8 + 1  # shortcuts, classifier bias
+
+
+@pytest.mark.parametrize("mode,coords,sizes", [
+    ("linear", "half_pixel", [1, 2, 10, 14]), ("nearest", "asymmetric", [1, 2, 3, 9]),
+    ("cubic", "align_corners", [1, 2, 7, 7]), ("linear", "pytorch_half_pixel", [1, 2, 1, 12]),
+])
+def test_resize_exports_as_one_resize_node(mode, coords, sizes):
+    node = onnx.helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], name="up", mode=mode,
+                                 coordinate_transformation_mode=coords)
+    graph = onnx.helper.make_graph(
+        [node], "g", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 2, 5, 7])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, sizes)],
+        [onnx.numpy_helper.from_array(np.asarray(sizes, np.int64), "sizes")])
+    source = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)], ir_version=9)
+    x = _normal(1, 2, 5, 7, seed=7)
+    model = jtile.onnx.load(source)
+    exported = jtile.onnx.export(model.fn, x, params=model.params)
+    ops = [n.op_type for n in exported.graph.node]
+    assert ops.count("Resize") == 1 and "Gather" not in ops
+    np.testing.assert_allclose(_run(exported, x)[0], _run(source, x)[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(model(x)), _run(source, x)[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2"])
+def test_fused_cli_export_folds_batch_norm_into_the_convs(tmp_path, capsys, name):
+    from jtile.cli import main
+
+    small = ["--size", "32"]
+    plain, fused = tmp_path / "plain.onnx", tmp_path / "fused.onnx"
+    assert main(["export", name, *small, "-o", str(plain)]) == 0
+    assert main(["export", name, *small, "--fuse", "-o", str(fused)]) == 0
+    capsys.readouterr()
+    plain_model, fused_model = onnx.load(plain), onnx.load(fused)
+    ops = [n.op_type for n in fused_model.graph.node]
+    assert len(ops) <= len(plain_model.graph.node)
+    assert not {"Sqrt", "Reciprocal", "Sub", "BatchNormalization"} & set(ops)  # no batch-norm arithmetic left
+    assert ops.count("Conv") == [n.op_type for n in plain_model.graph.node].count("Conv")
+    x = _normal(1, 3, 32, 32, seed=3)
+    np.testing.assert_allclose(_run(fused_model, x)[0], _run(plain_model, x)[0], rtol=1e-4, atol=1e-5)

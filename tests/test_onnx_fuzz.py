@@ -1,23 +1,35 @@
-"""Fuzz `jtile.onnx.load` with broken versions of the shipped light graphs.
+"""Fuzz `jtile.onnx.load` with broken versions of the shipped light graphs,
+differentially against ONNX Runtime.
 
 Each case mutates one model: flipped bytes, truncated bytes, an attribute
 changed or removed through the proto API, a random input or initializer
 dimension, a node's op type or input rewired. Loading must either succeed or
-raise a `JtileError`; any other exception, or a case running past its time
-limit, fails. Seeded; `CASES` cases by default, `SLOW_CASES` more under `slow`.
+raise a `JtileError`; any other exception, a case running past its time
+limit, or a model ONNX Runtime refuses to load but jtile accepts, fails.
+(jtile may refuse more than ORT: shapes are static in JAX.) Both loading
+paths run: the default one and the large-model one (over
+`_proto.FULL_CHECK_LIMIT` bytes, checked on the model's skeleton). Seeded;
+`CASES` cases by default, `SLOW_CASES` more under `slow`.
+
+The spec's prohibitions that fuzzing rarely hits are built directly
+(`FORBIDDEN`): each is refused by ORT and must be refused by jtile on both
+paths, naming the faulty node where there is one.
 """
 
 import copy
 import os
 import signal
 
+import jax
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
-from onnx import numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 import jtile
 import jtile.onnx
+from jtile.onnx import _proto
 from jtile.onnx.ops import REGISTRY
 
 LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
@@ -105,6 +117,23 @@ def _raise_time_limit(signum, frame):
     raise _TimeLimit
 
 
+@pytest.fixture(params=["default", "large"])
+def loading_path(request, monkeypatch):
+    """Load through the default path, or through the large-model one (every model counts as large)."""
+    if request.param == "large":
+        monkeypatch.setattr(_proto, "FULL_CHECK_LIMIT", 0)
+    return request.param
+
+
+def _onnxruntime_error(payload) -> str | None:
+    data = payload if isinstance(payload, bytes) else payload.SerializeToString()
+    try:
+        ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    except Exception as e:  # ORT raises its own exception types, or RuntimeError
+        return str(e)
+    return None
+
+
 def _run(light_models, names, n_cases, seed):
     rng = np.random.default_rng(seed)
     outcomes = {"loaded": 0, "rejected": 0}
@@ -114,9 +143,12 @@ def _run(light_models, names, n_cases, seed):
             name = names[rng.integers(len(names))]
             mutate = MUTATIONS[rng.integers(len(MUTATIONS))]
             what, payload = mutate(rng, copy.deepcopy(light_models[name]))
+            refused = _onnxruntime_error(payload)
             signal.setitimer(signal.ITIMER_REAL, TIME_LIMIT)
             try:
                 jtile.onnx.load(payload)
+                if refused:
+                    pytest.fail(f"case {case} ({name}: {what}) loaded, but ONNX Runtime refuses it: {refused}")
                 outcomes["loaded"] += 1
             except jtile.JtileError:
                 outcomes["rejected"] += 1
@@ -131,12 +163,64 @@ def _run(light_models, names, n_cases, seed):
     return outcomes
 
 
-def test_mutated_light_models_load_or_raise_jtile_errors(light_models):
+def test_mutated_light_models_load_or_raise_jtile_errors(light_models, loading_path):
     outcomes = _run(light_models, SMALL, CASES, seed=0)
     assert outcomes["rejected"] > 0 and sum(outcomes.values()) == CASES
 
 
 @pytest.mark.slow
-def test_many_mutated_light_models_load_or_raise_jtile_errors(light_models):
+def test_many_mutated_light_models_load_or_raise_jtile_errors(light_models, loading_path):
     outcomes = _run(light_models, ALL, SLOW_CASES, seed=1)
     assert outcomes["rejected"] > 0 and sum(outcomes.values()) == SLOW_CASES
+
+
+def _one_node(node, x_type=TensorProto.FLOAT, initializers=(), opset=17, outputs=True):
+    x = helper.make_tensor_value_info("x", x_type, [1, 2, 5, 5])
+    y = [helper.make_tensor_value_info("y", x_type, ["n", "c", "h", "w"])] if outputs else []
+    graph = helper.make_graph([node], "g", [x], y, [numpy_helper.from_array(v, k) for k, v in initializers])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
+
+
+_WEIGHT = [("w", np.ones((2, 2, 3, 3), np.float32))]
+# name -> (model, what jtile's error must say)
+FORBIDDEN = {
+    "opset newer than known": (_one_node(helper.make_node("Relu", ["x"], ["y"]), opset=99), "opset 99"),
+    "MaxPool pads at the kernel size": (
+        _one_node(helper.make_node("MaxPool", ["x"], ["y"], name="pool", kernel_shape=[2, 2], pads=[0, 2, 0, 0])),
+        "node 'pool'"),
+    "AveragePool pads over the kernel size": (
+        _one_node(helper.make_node("AveragePool", ["x"], ["y"], name="avg", kernel_shape=[2, 2], pads=[3, 0, 0, 0])),
+        "node 'avg'"),
+    "DOUBLE input into a float Conv": (
+        _one_node(helper.make_node("Conv", ["x", "w"], ["y"], name="conv"), TensorProto.DOUBLE, _WEIGHT),
+        "Conv"),
+    "DOUBLE input added to a float weight": (
+        _one_node(helper.make_node("Add", ["x", "w"], ["y"], name="add"), TensorProto.DOUBLE, _WEIGHT),
+        "Add"),
+    "Gelu before opset 20": (_one_node(helper.make_node("Gelu", ["x"], ["y"], name="gelu")), "Gelu"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FORBIDDEN))
+def test_models_the_spec_forbids_are_refused_like_onnxruntime(case, loading_path):
+    model, named = FORBIDDEN[case]
+    assert _onnxruntime_error(model) is not None
+    with pytest.raises(jtile.JtileError, match=named):
+        jtile.onnx.load(model)
+
+
+def test_a_graph_without_outputs_is_refused(loading_path):
+    with pytest.raises(jtile.OnnxError, match="no outputs"):
+        jtile.onnx.load(_one_node(helper.make_node("Relu", ["x"], ["y"]), outputs=False))
+
+
+def test_double_inputs_need_x64_and_then_compute_in_float64(loading_path):
+    model = _one_node(helper.make_node("Relu", ["x"], ["y"]), TensorProto.DOUBLE)
+    with pytest.raises(jtile.UnsupportedError, match="jax_enable_x64"):
+        jtile.onnx.load(model)
+    x = np.random.default_rng(0).standard_normal((1, 2, 5, 5)) * 1e-9 + 1.0
+    (expected,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    with jax.enable_x64(True):
+        y = jtile.onnx.load(model)(x)
+        assert y.dtype == np.float64
+        np.testing.assert_array_equal(np.asarray(y), expected)

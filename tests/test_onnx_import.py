@@ -176,9 +176,17 @@ def test_layers_lower_to_the_primitives_transforms_rewrite(getkey):
 
 
 def test_unsupported_op_names_op_node_and_opset():
-    node = helper.make_node("Einsum", ["x", "x"], ["y"], name="mix", equation="ij,jk->ik")
+    node = helper.make_node("Hardmax", ["x"], ["y"], name="mix", axis=-1)
     proto = _model([node], [helper.make_tensor_value_info("x", F32, [2, 2])], [_out(2)])
-    with pytest.raises(jtile.UnsupportedError, match=r"node 'mix' \(Einsum, opset 17\).*Einsum is not supported"):
+    with pytest.raises(jtile.UnsupportedError, match=r"node 'mix' \(Hardmax, opset 17\).*Hardmax is not supported"):
+        jtile.onnx.load(proto)
+
+
+def test_unsupported_op_version_names_the_nearest_supported_opset():
+    node = helper.make_node("LeakyRelu", ["x"], ["y"], name="act")
+    proto = _model([node], [helper.make_tensor_value_info("x", F32, [2, 2])], [_out(2)], opset=5)
+    with pytest.raises(jtile.UnsupportedError, match=r"node 'act' \(LeakyRelu, opset 5\): LeakyRelu-1 is not "
+                                                     r"supported.*versions 6 to 28; re-export the model at opset 6"):
         jtile.onnx.load(proto)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 from .. import models
 from .. import onnx as jonnx
 from .._errors import ConfigError
-from ..fusion import fuse
+from ..fusion import fold_params
 from ..gemm import split_gemm
 
 HELP = "Write a zoo model or an .onnx file as ONNX, after --split-gemm and/or --fuse."
@@ -20,7 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", required=True, help="the .onnx file to write")
     parser.add_argument("--split-gemm", metavar="M,K,N", default=None,
                         help="split every matrix product into tiles of at most M x K x N")
-    parser.add_argument("--fuse", action="store_true", help="apply jtile.fuse's default recipes")
+    parser.add_argument("--fuse", action="store_true",
+                        help="apply jtile.fuse's default recipes with the weights folded in (jtile.fold_params): "
+                             "batch norms fold into the conv weights")
     parser.add_argument("--batch", type=int, default=None, help="batch size (default: the model's)")
     parser.add_argument("--size", type=int, default=None, help="input height and width (zoo models)")
 
@@ -59,10 +61,10 @@ def _onnx(path: str, args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     is_file = os.path.exists(args.model) or args.model.endswith(".onnx")
     fn, params, inputs = (_onnx if is_file else _zoo)(args.model, args)
-    if args.fuse:
-        fn = fuse(fn)
+    if args.fuse:  # fold what depends only on the weights; they become the export's initializers
+        fn, params = fold_params(fn, params), None
     if args.split_gemm:
-        fn = split_gemm(fn, **_tile_sizes(args.split_gemm))
+        fn = split_gemm(fn, **_tile_sizes(args.split_gemm), emit="unroll")  # ONNX has no loops of ours
     model = jonnx.export(fn, *inputs, params=params, path=args.output)
     print(f"wrote {args.output}: {len(model.graph.node)} nodes, "
           f"{len(model.graph.initializer)} initializers")

@@ -29,6 +29,8 @@ def _out(eqn):
 def _reshape(g, x: str, old, new) -> str:
     if tuple(old) == tuple(new):
         return x
+    if x in g.constants:  # a folded weight or bias: reshape the value, not the graph
+        return g.const(g.constants[x].reshape(new))
     return g.node("Reshape", [x, g.const(np.asarray(new, np.int64))])
 
 
@@ -266,6 +268,37 @@ def _dense(g, eqn, lhs, rhs, bias):
     return activation(g, y, eqn.params["activation"], _out(eqn).dtype)
 
 
+def _gather(g, eqn, x, indices):
+    """The gather `jnp.take(x, indices, axis=a)` writes, as an ONNX `Gather`; other gathers raise."""
+    dn, sizes = eqn.params["dimension_numbers"], eqn.params["slice_sizes"]
+    shape, index_shape = _in_shape(eqn), _in_shape(eqn, 1)
+    axes = tuple(dn.start_index_map)
+    rank, batch = len(shape), len(index_shape) - 1
+    if len(axes) == 1 and index_shape[-1:] == (1,):
+        a = axes[0]
+        offsets = tuple(range(a)) + tuple(range(a + batch, rank - 1 + batch))
+        if (tuple(dn.collapsed_slice_dims) == axes and not dn.operand_batching_dims and tuple(dn.offset_dims) == offsets
+                and all(n == (1 if d == a else shape[d]) for d, n in enumerate(sizes))):
+            return g.node("Gather", [x, _reshape(g, indices, index_shape, index_shape[:-1])], axis=a)
+    _fail(eqn, "only the gather of jnp.take (one axis, whole slices) has an ONNX mapping")
+
+
+def _resize(g, eqn, x):
+    """jtile's fused `resize` as one ONNX `Resize`: by sizes when the scales are
+    exactly sizes / input, else by the (float32) scales."""
+    p = eqn.params
+    shape = _in_shape(eqn)
+    exact = all(s == o / i for s, o, i in zip(p["scales"], p["sizes"], shape))
+    roi = g.const(np.asarray([lo for lo, _ in p["roi"]] + [hi for _, hi in p["roi"]], np.float32)) \
+        if p["coords"] == "tf_crop_and_resize" else ""
+    operands = [x, roi, "", g.const(np.asarray(p["sizes"], np.int64))] if exact else \
+        [x, roi, g.const(np.asarray(p["scales"], np.float32))]
+    return g.node("Resize", operands, mode=p["mode"], nearest_mode=p["nearest_mode"],
+                  coordinate_transformation_mode=p["coords"], cubic_coeff_a=p["cubic_a"],
+                  exclude_outside=int(p["exclude_outside"]), extrapolation_value=p["extrapolation"],
+                  antialias=int(p["antialias"]))
+
+
 _EMITTERS = {  # registered below, one registry entry each
     **{p: _binary(op) for p, op in {
         "add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "max": "Max", "min": "Min",
@@ -314,6 +347,8 @@ _EMITTERS = {  # registered below, one registry entry each
     "reduce_window_sum": _pool("sum"),
     "conv_bias_act": _conv_bias_act,
     "dense": _dense,
+    "resize": _resize,
+    "gather": _gather,
 }
 
 for _name, _emitter in _EMITTERS.items():

@@ -31,7 +31,7 @@ import onnx
 from .._errors import ConfigError, JtileError, OnnxError, UnsupportedError
 from .._interpreter import is_known
 from . import _proto
-from .ops import REGISTRY, Node, OpSpec
+from .ops import LATEST_SCHEMA, REGISTRY, Node, OpSpec
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
@@ -49,7 +49,29 @@ def default_opset(model: onnx.ModelProto) -> int:
     versions = [o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS]
     if not versions:
         raise OnnxError("onnx.load: the model does not import the default ONNX domain (opset_import)")
+    if max(versions) > LATEST_SCHEMA:
+        raise UnsupportedError(f"onnx.load: the model imports opset {max(versions)}, newer than the latest "
+                               f"jtile knows ({LATEST_SCHEMA}); export it at opset {LATEST_SCHEMA} or older")
     return max(versions)
+
+
+def _nearest_opset(op_type: str, spec: OpSpec, opset: int) -> int | None:
+    """The opset closest to `opset` whose version of `op_type` jtile implements."""
+    usable = []
+    for candidate in range(1, LATEST_SCHEMA + 1):
+        try:
+            version = onnx.defs.get_schema(op_type, candidate).since_version
+        except Exception:  # the op is not defined at this opset
+            continue
+        if spec.since <= version <= spec.upto:
+            usable.append(candidate)
+    return min(usable, key=lambda o: abs(o - opset), default=None)
+
+
+def _unsupported_version(where: str, op_type: str, spec: OpSpec, opset: int, why: str) -> UnsupportedError:
+    nearest = _nearest_opset(op_type, spec, opset)
+    fix = f"; re-export the model at opset {nearest}" if nearest is not None else ""
+    return UnsupportedError(f"{where}: {why}; jtile implements {op_type} versions {spec.since} to {spec.upto}{fix}")
 
 
 def _spec(node: onnx.NodeProto, index: int, opset: int) -> tuple[Node, OpSpec]:
@@ -64,10 +86,10 @@ def _spec(node: onnx.NodeProto, index: int, opset: int) -> tuple[Node, OpSpec]:
     try:
         schema = onnx.defs.get_schema(node.op_type, opset).since_version
     except Exception as e:
-        raise OnnxError(f"{where}: ONNX defines no {node.op_type} at opset {opset}") from e
+        raise _unsupported_version(where, node.op_type, spec, opset,
+                                   f"ONNX defines no {node.op_type} at opset {opset}") from e
     if not spec.since <= schema <= spec.upto:
-        raise UnsupportedError(f"{where}: {node.op_type}-{schema} is not supported; jtile implements "
-                               f"{node.op_type} versions {spec.since} to {spec.upto}")
+        raise _unsupported_version(where, node.op_type, spec, opset, f"{node.op_type}-{schema} is not supported")
     attrs = _proto.attributes(node, where)
     n_outputs = max((i + 1 for i, o in enumerate(node.output) if o), default=0)
     return Node(node.op_type, name, opset, schema, attrs, n_outputs), spec
@@ -116,8 +138,9 @@ class OnnxModel:
         static = _static_values(steps)
         initializers = {t.name: t for t in graph.initializer}
         self._constants = {k: _proto.to_array(t, "initializer") for k, t in initializers.items() if k in static}
-        self.params: dict[str, jax.Array] = {
-            k: jnp.asarray(_proto.to_array(t, "initializer")) for k, t in initializers.items() if k not in static
+        self.params: dict[str, jax.Array] = {  # device_put: jnp.asarray would compile a convert per shape
+            k: jax.device_put(_proto.to_array(t, "initializer", copy=False))
+            for k, t in initializers.items() if k not in static
         }
         inputs = [v for v in graph.input if v.name not in initializers]
         self.input_names = [v.name for v in inputs]
@@ -199,7 +222,11 @@ def _input_dtype(v: onnx.ValueInfoProto) -> np.dtype | None:
     if not v.type.HasField("tensor_type"):
         raise UnsupportedError(f"onnx.load: input {v.name!r} is not a tensor; sequences and maps are not supported")
     elem = v.type.tensor_type.elem_type
-    return _proto.np_dtype(elem, f"input {v.name!r}") if elem else None
+    if not elem:
+        return None
+    dtype = _proto.np_dtype(elem, f"input {v.name!r}")
+    _proto.require_x64(dtype, f"onnx.load: input {v.name!r}")
+    return dtype
 
 
 def _proto_jax_dtype(dtype: np.dtype | None) -> np.dtype:

@@ -1,19 +1,24 @@
 """Decode and validate ONNX protobufs: models, tensors, attributes and dtypes.
 
 Everything here turns protobuf problems into `OnnxError`; nothing below this
-module sees a `DecodeError` or a `ValidationError`.
+module sees a `DecodeError` or a `ValidationError`. Every model gets the full
+check (types and shapes inferred, strict): a model over `FULL_CHECK_LIMIT`
+bytes is checked as its skeleton, its large initializers replaced by graph
+inputs of the same type and shape, so the check costs the same as a small one.
 """
 
 import os
 from typing import Any
 
+import jax
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from .._errors import OnnxError, UnsupportedError
 
-FULL_CHECK_LIMIT = 64 << 20  # bytes; above this only the structural checker runs
+FULL_CHECK_LIMIT = 64 << 20  # bytes; above this the full check runs on the skeleton
+SKELETON_KEEP = 1 << 10  # initializers of at most this many elements keep their values in the skeleton
 
 
 def read_model(source: Any) -> onnx.ModelProto:
@@ -50,14 +55,47 @@ def _decode(data: bytes, what: str) -> onnx.ModelProto:
     return model
 
 
+def initializer_bytes(model: onnx.ModelProto) -> int:
+    """The size of the initializers' data from their shapes (`ByteSize` serializes the model: seconds)."""
+    total = 0
+    for t in model.graph.initializer:
+        known = t.data_type in onnx.TensorProto.DataType.values() and t.data_type != onnx.TensorProto.STRING
+        size = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize if known and t.data_type else 1
+        total += int(np.prod(t.dims, dtype=np.int64)) * size
+    return total
+
+
+def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` without the data of its large initializers: they become graph inputs."""
+    graph = model.graph
+    listed = {v.name for v in graph.input}
+    keep, inputs = [], list(graph.input)
+    for t in graph.initializer:
+        if np.prod(t.dims, dtype=np.int64) <= SKELETON_KEEP or t.data_location == onnx.TensorProto.EXTERNAL:
+            keep.append(t)
+        elif t.name not in listed:
+            inputs.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    bare = onnx.helper.make_graph(graph.node, graph.name, inputs, graph.output, keep,
+                                  value_info=graph.value_info, sparse_initializer=graph.sparse_initializer)
+    out = onnx.ModelProto(ir_version=model.ir_version, producer_name=model.producer_name, graph=bare)
+    out.opset_import.extend(model.opset_import)
+    out.functions.extend(model.functions)
+    return out
+
+
 def check(model: onnx.ModelProto) -> None:
-    """Run `onnx.checker.check_model` (with shape inference if the model is small)."""
+    """Run `onnx.checker.check_model` with strict type and shape inference, on the
+    skeleton of a model over `FULL_CHECK_LIMIT` bytes; reject a graph without outputs."""
     try:
-        size = model.ByteSize()
-        onnx.checker.check_model(model, full_check=size < FULL_CHECK_LIMIT)
+        checked = skeleton(model) if initializer_bytes(model) >= FULL_CHECK_LIMIT else model
+        onnx.checker.check_model(checked, full_check=True)
     except Exception as e:  # ValidationError, InferenceError, protobuf errors
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise OnnxError(f"onnx.load: the model is malformed: {first}") from e
+        lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()] or [type(e).__name__]
+        context = [line for line in lines[1:] if line.startswith("==> Context")]
+        where = f" ({context[0].removeprefix('==> Context:').strip()})" if context else ""
+        raise OnnxError(f"onnx.load: the model is malformed: {lines[0]}{where}") from e
+    if not model.graph.output:
+        raise OnnxError("onnx.load: the graph declares no outputs; a model must name at least one graph output")
 
 
 def dtype_name(elem_type: int) -> str:
@@ -80,11 +118,22 @@ def np_dtype(elem_type: int, where: str) -> np.dtype:
     return dtype
 
 
-def to_array(tensor: onnx.TensorProto, where: str) -> np.ndarray:
-    """A numpy copy of a `TensorProto` (raises `OnnxError` on bad data)."""
-    np_dtype(tensor.data_type, f"{where} tensor {tensor.name!r}")
+def require_x64(dtype: np.dtype, where: str) -> None:
+    """Raise if `dtype` is float64 and JAX would silently compute it in float32."""
+    if np.dtype(dtype) == np.float64 and not jax.config.jax_enable_x64:
+        raise UnsupportedError(
+            f"{where} is DOUBLE (float64), which JAX computes in float32 unless jax_enable_x64 is on "
+            "(ONNX Runtime computes it in float64); call jax.config.update('jax_enable_x64', True) "
+            "before loading, or export the model in float32")
+
+
+def to_array(tensor: onnx.TensorProto, where: str, copy: bool = True) -> np.ndarray:
+    """The numpy value of a `TensorProto`, a writable copy unless `copy=False`
+    (then possibly a read-only view); raises `OnnxError` on bad data."""
+    require_x64(np_dtype(tensor.data_type, f"{where} tensor {tensor.name!r}"), f"{where} tensor {tensor.name!r}")
     try:
-        return np.array(numpy_helper.to_array(tensor))
+        value = numpy_helper.to_array(tensor)
+        return np.array(value) if copy else np.asarray(value)
     except Exception as e:
         raise OnnxError(f"{where}: tensor {tensor.name!r} holds invalid data: {e}") from e
 

@@ -101,4 +101,4 @@ def xp(*values: Any):
     return np if all(v is None or isinstance(v, np.ndarray) for v in values) else jnp
 
 
-from . import activation, conv, elementwise, linalg, norm, reduce, resize, shape  # noqa: E402,F401
+from . import activation, conv, elementwise, indexing, linalg, norm, reduce, resize, shape  # noqa: E402,F401

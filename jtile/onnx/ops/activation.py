@@ -1,4 +1,5 @@
-"""Activations: Relu, LeakyRelu, PRelu, Clip, Sigmoid, HardSigmoid, HardSwish, Softmax, LogSoftmax.
+"""Activations: Relu, LeakyRelu, PRelu, Clip, Sigmoid, HardSigmoid, HardSwish, Softmax, LogSoftmax,
+Gelu, Elu, Selu, Celu, Softplus, Softsign, Mish, ThresholdedRelu.
 
 Softmax and LogSoftmax before opset 13 normalise over all axes from `axis` on
 (the old "coerce to 2-D" rule); from 13 on over `axis` alone.
@@ -83,3 +84,50 @@ def softmax(node, x):
 def log_softmax(node, x):
     z = _shifted(x, _softmax_axes(node, x))
     return z - jnp.log(jnp.sum(jnp.exp(z), axis=_softmax_axes(node, x), keepdims=True))
+
+
+@register("Gelu", since=20)
+def gelu(node, x):
+    approximate = node.attr("approximate", "none")
+    if approximate not in ("none", "tanh"):
+        raise node.fail(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    return jax.nn.gelu(x, approximate=approximate == "tanh")
+
+
+@register("Elu", since=6)
+def elu(node, x):
+    alpha = np.asarray(node.attr("alpha", 1.0), x.dtype)
+    return jnp.where(x > 0, x, alpha * jnp.expm1(x))
+
+
+@register("Selu", since=6)
+def selu(node, x):
+    alpha = np.asarray(node.attr("alpha", 1.67326319217681884765625), x.dtype)
+    gamma = np.asarray(node.attr("gamma", 1.05070102214813232421875), x.dtype)
+    return gamma * jnp.where(x > 0, x, alpha * jnp.expm1(x))
+
+
+@register("Celu", since=12)
+def celu(node, x):
+    alpha = np.asarray(node.attr("alpha", 1.0), x.dtype)
+    return jnp.maximum(x, 0) + jnp.minimum(0, alpha * jnp.expm1(x / alpha))
+
+
+@register("Softplus", since=1)
+def softplus(node, x):
+    return jax.nn.softplus(x)
+
+
+@register("Softsign", since=1)
+def softsign(node, x):
+    return x / (1 + jnp.abs(x))
+
+
+@register("Mish", since=18)
+def mish(node, x):
+    return x * jnp.tanh(jax.nn.softplus(x))
+
+
+@register("ThresholdedRelu", since=10)
+def thresholded_relu(node, x):
+    return jnp.where(x > np.asarray(node.attr("alpha", 1.0), x.dtype), x, jnp.zeros((), x.dtype))

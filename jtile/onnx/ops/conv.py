@@ -134,6 +134,9 @@ def _window(node, x):
     if not kernel:
         raise node.fail("kernel_shape is required")
     strides, dilations, pads = _spatial_attrs(node, x, kernel)
+    if any(lo >= k or hi >= k for k, (lo, hi) in zip(kernel, pads)):
+        raise node.fail(f"pads {node.attr('pads')} must be smaller than kernel_shape {kernel} "
+                        "(a window entirely in the padding has no input)")
     full_pads = _pool_padding(node, x, kernel, strides, dilations, pads)
     return kernel, strides, dilations, pads, full_pads
 

@@ -3,6 +3,7 @@
 Before opset 7 the binary ops broadcast only with `broadcast=1` (and `axis`);
 `legacy_broadcast` maps that onto numpy broadcasting.
 
+`Mod` follows the divisor's sign (`fmod=0`) or the dividend's (`fmod=1`).
 Integer `Div` truncates toward zero and `Pow` keeps the base's dtype, as in
 the ONNX reference. Everything folds to numpy when its inputs are static.
 """
@@ -37,6 +38,7 @@ _BINARY = {
     "GreaterOrEqual": lambda m, a, b: a >= b,
     "And": lambda m, a, b: m.logical_and(a, b),
     "Or": lambda m, a, b: m.logical_or(a, b),
+    "Xor": lambda m, a, b: m.logical_xor(a, b),
 }
 
 
@@ -61,7 +63,10 @@ for _name, _fn in _BINARY.items():
 
 _UNARY = {
     "Sqrt": "sqrt", "Exp": "exp", "Tanh": "tanh", "Neg": "negative", "Abs": "abs",
-    "Log": "log", "Floor": "floor", "Ceil": "ceil", "Sign": "sign",
+    "Log": "log", "Floor": "floor", "Ceil": "ceil", "Sign": "sign", "Round": "round",
+    "Sin": "sin", "Cos": "cos", "Tan": "tan", "Asin": "arcsin", "Acos": "arccos", "Atan": "arctan",
+    "Sinh": "sinh", "Cosh": "cosh", "Asinh": "arcsinh", "Acosh": "arccosh", "Atanh": "arctanh",
+    "IsNaN": "isnan",
 }
 
 
@@ -76,6 +81,20 @@ for _name, _fn in _UNARY.items():
 @register("Not", since=1)
 def not_(node, x):
     return xp(x).logical_not(x)
+
+
+@register("IsInf", since=10)
+def is_inf(node, x):
+    m = xp(x)
+    positive, negative = node.attr("detect_positive", 1), node.attr("detect_negative", 1)
+    return m.logical_or(m.isposinf(x) if positive else m.zeros(np.shape(x), bool),
+                        m.isneginf(x) if negative else m.zeros(np.shape(x), bool))
+
+
+@register("Mod", since=10)
+def mod(node, a, b):
+    m = xp(a, b)
+    return (m.fmod if node.attr("fmod", 0) else m.mod)(a, b)
 
 
 @register("Reciprocal", since=6)

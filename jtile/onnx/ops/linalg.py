@@ -1,4 +1,4 @@
-"""Gemm and MatMul, lowered to `lax.dot_general` / `jnp.matmul` so split_gemm sees a dot."""
+"""Gemm, MatMul and Einsum, lowered to `lax.dot_general` (`jnp.matmul`, `jnp.einsum`) so split_gemm sees a dot."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -28,3 +28,11 @@ def gemm(node, a, b, c=None):
 @register("MatMul", since=1)
 def matmul(node, a, b):
     return jnp.matmul(a, b)
+
+
+@register("Einsum", since=12)
+def einsum(node, *xs):
+    equation = node.attr("equation")
+    if not isinstance(equation, str) or not equation:
+        raise node.fail("equation is required")
+    return jnp.einsum(equation.replace(" ", ""), *xs)

@@ -1,7 +1,9 @@
-"""Normalisation and inference-time regularisers: BatchNormalization, LRN, Dropout.
+"""Normalisation and inference-time regularisers: BatchNormalization, LayerNormalization,
+GroupNormalization, InstanceNormalization, LRN, Dropout.
 
 BatchNormalization also implements `training_mode=1` (batch statistics and
-updated running stats, as the ONNX reference). Dropout is the identity at
+updated running stats, as the ONNX reference). Layer and group statistics are
+computed in float32 (`stash_type=1`) whatever the input dtype. Dropout is the identity at
 inference; training-mode dropout with a non-zero ratio is random and raises.
 """
 
@@ -66,3 +68,48 @@ def dropout(node, x, ratio=None, training_mode=None):
     if node.n_outputs == 1:
         return x
     return x, jnp.ones(np.shape(x), bool)
+
+
+def _stash(node, x):
+    """`x` in the dtype the statistics are computed in (`stash_type`, default float32)."""
+    stash = node.attr("stash_type", 1)
+    return x.astype(jnp.float32) if stash == 1 and x.dtype != jnp.float32 else x
+
+
+@register("LayerNormalization", since=17)
+def layer_norm(node, x, scale, bias=None):
+    rank = np.ndim(x)
+    axis = node.axis(node.attr("axis", -1), rank)
+    axes = tuple(range(axis, rank))
+    z = _stash(node, jnp.asarray(x))
+    mean = jnp.mean(z, axis=axes, keepdims=True)
+    centred = z - mean
+    inv_std = lax.rsqrt(jnp.mean(centred * centred, axis=axes, keepdims=True) + node.attr("epsilon", 1e-5))
+    y = (centred * inv_std).astype(x.dtype) * scale
+    if bias is not None:
+        y = y + bias
+    return (y, mean, inv_std)[: max(node.n_outputs, 1)]
+
+
+@register("GroupNormalization", since=21)  # GroupNormalization-18 (per-group scale) is deprecated
+def group_norm(node, x, scale, bias):
+    groups = node.attr("num_groups")
+    n, c, *spatial = np.shape(x)
+    if not isinstance(groups, int) or groups < 1 or c % groups:
+        raise node.fail(f"num_groups {groups!r} must be a positive divisor of the {c} channels")
+    if np.shape(scale) != (c,) or np.shape(bias) != (c,):
+        raise node.fail(f"scale {np.shape(scale)} and bias {np.shape(bias)} should have shape ({c},)")
+    z = _stash(node, jnp.asarray(x)).reshape(n, groups, -1)
+    mean = jnp.mean(z, axis=2, keepdims=True)
+    var = jnp.mean(jnp.square(z - mean), axis=2, keepdims=True)
+    y = ((z - mean) * lax.rsqrt(var + node.attr("epsilon", 1e-5))).astype(x.dtype).reshape(np.shape(x))
+    return y * _per_channel(scale, np.ndim(x)) + _per_channel(bias, np.ndim(x))
+
+
+@register("InstanceNormalization", since=6)
+def instance_norm(node, x, scale, bias):
+    axes = tuple(range(2, np.ndim(x)))
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
+    y = (x - mean) * lax.rsqrt(var + np.asarray(node.attr("epsilon", 1e-5), x.dtype))
+    return y * _per_channel(scale, np.ndim(x)) + _per_channel(bias, np.ndim(x))

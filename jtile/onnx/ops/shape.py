@@ -13,7 +13,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from .._proto import np_dtype
+from .._proto import np_dtype, require_x64
 from . import jax_dtype, register, xp
 
 FOLD_LIMIT = 1 << 16  # ConstantOfShape results larger than this are built in the graph, not stored
@@ -68,7 +68,10 @@ def constant_of_shape(node, dims):
 
 @register("Cast", since=6)
 def cast(node, x):
-    return _cast(x, np_dtype(node.attr("to", 0), str(node)))
+    dtype = np_dtype(node.attr("to", 0), str(node))
+    if not isinstance(x, np.ndarray):  # a static cast is exact in numpy
+        require_x64(dtype, f"{node}: the cast target")
+    return _cast(x, dtype)
 
 
 @register("CastLike", since=15)

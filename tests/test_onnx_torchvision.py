@@ -1,0 +1,187 @@
+"""torchvision's classification, segmentation and detection-backbone models, exported
+to ONNX by both PyTorch exporters and imported with `jtile.onnx.load`, compared
+against ONNX Runtime on the same file and against torch itself; then exported
+back with `jtile.onnx.export` and run in ONNX Runtime, unchanged (Resize stays Resize).
+
+Every model is built with random weights (`weights=None`, seed 0; zero-initialised
+parameters such as ViT's head redrawn, batch-norm statistics randomised so the
+folded affine is not the identity) and exported in the test setup at a small
+input size. Exporters: TorchScript (`dynamo=False`) at opsets 17 and 18, and
+the dynamo exporter (`dynamo=True`, opset 18). `QUICK` runs by default (attention
+and LayerNorm, squeeze-excitation, a segmentation head with Resize); the whole
+zoo is `slow`. Everything here is marked `torch`.
+"""
+
+import functools
+import io
+import contextlib
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import jtile.onnx
+
+torch = pytest.importorskip("torch")
+torchvision = pytest.importorskip("torchvision")
+from torchvision import models as tvm  # noqa: E402
+from torchvision.models.detection import backbone_utils  # noqa: E402
+
+pytestmark = pytest.mark.torch
+RTOL = 2e-4  # max |jtile - reference| / max |reference|, per output
+
+
+class _Outputs(torch.nn.Module):
+    """A model whose dict output (segmentation, FPN) becomes a tuple of tensors."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        out = self.inner(x)
+        return tuple(out.values()) if isinstance(out, dict) else out
+
+
+def _tiny_vit():
+    return tvm.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64)
+
+
+def _tiny_swin():
+    return tvm.SwinTransformer(patch_size=[4, 4], embed_dim=16, depths=[2, 2], num_heads=[2, 2], window_size=[4, 4])
+
+
+# name -> (builder, input height and width)
+ZOO = {
+    "tiny_vit": (_tiny_vit, 32),
+    "tiny_swin": (_tiny_swin, 32),
+    "resnet18": (tvm.resnet18, 64),
+    "resnet50": (tvm.resnet50, 64),
+    "mobilenet_v2": (tvm.mobilenet_v2, 64),
+    "mobilenet_v3_large": (tvm.mobilenet_v3_large, 64),
+    "mobilenet_v3_small": (tvm.mobilenet_v3_small, 64),
+    "efficientnet_b0": (tvm.efficientnet_b0, 64),
+    "efficientnet_v2_s": (tvm.efficientnet_v2_s, 64),
+    "regnet_y_400mf": (tvm.regnet_y_400mf, 64),
+    "convnext_tiny": (tvm.convnext_tiny, 64),
+    "vit_b_16": (functools.partial(tvm.vit_b_16, image_size=64), 64),
+    "swin_t": (tvm.swin_t, 64),
+    "maxvit_t": (tvm.maxvit_t, 224),  # its partition size 7 needs 224
+    "squeezenet1_1": (tvm.squeezenet1_1, 64),
+    "densenet121": (tvm.densenet121, 64),
+    "shufflenet_v2_x1_0": (tvm.shufflenet_v2_x1_0, 64),
+    "mnasnet0_5": (tvm.mnasnet0_5, 64),
+    "googlenet": (functools.partial(tvm.googlenet, aux_logits=False, init_weights=True), 64),
+    "inception_v3": (functools.partial(tvm.inception_v3, aux_logits=False, init_weights=True), 96),
+    # the TorchScript exporter writes adaptive pools only when the output divides the input: 6x6, 7x7 at 224
+    "alexnet": (tvm.alexnet, 224),
+    "vgg11_bn": (tvm.vgg11_bn, 224),
+    "wide_resnet50_2": (tvm.wide_resnet50_2, 64),
+    "resnext50_32x4d": (tvm.resnext50_32x4d, 64),
+    "fcn_resnet50": (functools.partial(tvm.segmentation.fcn_resnet50, weights_backbone=None, aux_loss=False), 64),
+    "deeplabv3_mobilenet_v3_large": (
+        functools.partial(tvm.segmentation.deeplabv3_mobilenet_v3_large, weights_backbone=None), 64),
+    "lraspp_mobilenet_v3_large": (
+        functools.partial(tvm.segmentation.lraspp_mobilenet_v3_large, weights_backbone=None), 64),
+    "resnet50_fpn": (functools.partial(backbone_utils.resnet_fpn_backbone, backbone_name="resnet50", weights=None), 64),
+    "mobilenet_v3_large_fpn": (
+        functools.partial(backbone_utils.mobilenet_backbone, backbone_name="mobilenet_v3_large", weights=None,
+                          fpn=True), 64),
+}
+EXPORTERS = [("torchscript", 17), ("torchscript", 18), ("dynamo", 18)]
+QUICK = [("tiny_vit", "torchscript", 17), ("tiny_vit", "dynamo", 18), ("tiny_swin", "torchscript", 18),
+         ("mobilenet_v3_small", "torchscript", 17), ("mobilenet_v3_small", "dynamo", 18),
+         ("lraspp_mobilenet_v3_large", "torchscript", 17)]
+CASES = [pytest.param(*case, id="-".join(map(str, case))) for case in QUICK] + [
+    pytest.param(name, exporter, opset, id=f"{name}-{exporter}-{opset}", marks=pytest.mark.slow)
+    for name in ZOO for exporter, opset in EXPORTERS if (name, exporter, opset) not in QUICK
+]
+
+
+def _randomised(model):
+    """Redraw zero-initialised parameters and randomise batch-norm statistics."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if not p.any():
+                p.normal_(0.0, 0.05)
+        for m in model.modules():
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+                m.running_mean.normal_(0.0, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+    return model
+
+
+def build(name: str):
+    """The model `name` in eval mode with seeded random weights, and a random input for it."""
+    make, size = ZOO[name]
+    torch.manual_seed(0)
+    model = _Outputs(_randomised(make())).eval()
+    return model, torch.randn(1, 3, size, size)
+
+
+def export(model, x, exporter: str, opset: int) -> bytes:
+    """`model` as ONNX bytes, written by the given exporter at `opset`."""
+    f = io.BytesIO()
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        if exporter == "torchscript":
+            torch.onnx.export(model, (x,), f, opset_version=opset, dynamo=False)
+        else:
+            program = torch.onnx.export(model, (x,), dynamo=True, opset_version=opset, verbose=False)
+            program.model_proto.ir_version = min(program.model_proto.ir_version, 10)
+            return program.model_proto.SerializeToString()
+    return f.getvalue()
+
+
+def relative_error(got, expected) -> float:
+    """max |got - expected| / max |expected| (both float64)."""
+    got, expected = np.asarray(got, np.float64), np.asarray(expected, np.float64)
+    assert got.shape == expected.shape
+    return float(np.max(np.abs(got - expected)) / max(np.max(np.abs(expected)), 1e-30))
+
+
+def onnxruntime_outputs(data: bytes, x: np.ndarray) -> list[np.ndarray]:
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: x})
+
+
+@functools.lru_cache(maxsize=2)
+def exported(name: str, exporter: str, opset: int):
+    """(torch model, input, ONNX bytes), built once per case for this file's tests."""
+    model, x = build(name)
+    return model, x, export(model, x, exporter, opset)
+
+
+@pytest.mark.parametrize("name,exporter,opset", CASES)
+def test_torchvision_model_matches_onnxruntime_and_torch(name, exporter, opset):
+    model, x, data = exported(name, exporter, opset)
+    with torch.no_grad():
+        expected_torch = model(x)
+    expected_torch = [t.numpy() for t in (expected_torch if isinstance(expected_torch, tuple) else (expected_torch,))]
+    imported = jtile.onnx.load(data)
+    assert imported.opset == opset
+    got = imported(x.numpy())
+    got = got if isinstance(got, tuple) else (got,)
+    expected_ort = onnxruntime_outputs(data, x.numpy())
+    assert len(got) == len(expected_ort) == len(expected_torch)
+    for g, e_ort, e_torch in zip(got, expected_ort, expected_torch):
+        assert relative_error(g, e_ort) < RTOL
+        assert relative_error(g, e_torch) < RTOL
+
+
+@pytest.mark.parametrize("name,exporter,opset", CASES)
+def test_torchvision_model_round_trips_through_export(name, exporter, opset):
+    """Import, export with `jtile.onnx.export`, run the export in ORT: the output is unchanged."""
+    _, x, data = exported(name, exporter, opset)
+    imported = jtile.onnx.load(data)
+    written = jtile.onnx.export(imported.fn, x.numpy(), params=imported.params)
+    if any(n.op_type == "Resize" for n in onnx.load_from_string(data).graph.node):
+        assert any(n.op_type == "Resize" for n in written.graph.node)
+    expected = imported(x.numpy())
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    got = onnxruntime_outputs(written.SerializeToString(), x.numpy())
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert relative_error(g, e) < RTOL
