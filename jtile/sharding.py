@@ -1,0 +1,531 @@
+"""Spatial partitioning of a conv net's activations over a device mesh.
+
+`shard_spatial` puts a sharding constraint (`NamedSharding`) on every
+activation of the network's spatial block: the inputs and outputs of its
+convolutions and pools, and of the elementwise ops between them (batch norm,
+activations, residual adds, channel concatenation), each split along one
+spatial axis over one mesh axis (and optionally along the batch over
+another). XLA's SPMD partitioner then runs each layer on stripes and swaps
+the border rows (halos) neighbours need with `collective-permute`.
+
+Where XLA's partitioner would all-gather a layer's whole input instead (odd
+sizes, unpadded windows, strides that do not line up with the stripes), jtile
+does the exchange itself: a `shard_map` per layer receives its stripe, gets
+the `halo.lo` / `halo.hi` rows it needs from its neighbours with
+`lax.ppermute` (sizes from `jtile._regions.stripe_halo`), pads at the global
+border only, and runs the layer. Which layers need it is decided by asking
+XLA: each layer is compiled alone with its shardings and its HLO inspected
+(`collectives`).
+
+The block ends where the spatial axis does: a reduction over it (global
+pooling, a mean) or a flattening reshape reads the sharded activation and XLA
+combines the stripes there.
+
+!!! warning
+
+    Any other op that reads a sharded activation (a transpose, a slice or pad
+    along the sharded axis, a transposed convolution, a resize) stops with
+    `UnsupportedError` naming it: nothing falls back to replication silently.
+    Ops inside `cond`/`scan`/`while` bodies are left unsharded.
+"""
+
+import dataclasses
+import re
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from . import _regions
+from ._errors import ConfigError, UnsupportedError, reject_unknown
+from ._graph import Graph
+from ._interpreter import bind, transform
+
+_AXIS_NAMES = {"W": -1, "H": -2, "D": -3}
+_HALOS = ("auto", "ppermute", "xla")
+
+# ---------------------------------------------------------------- collectives in HLO
+
+_COLLECTIVE = re.compile(
+    r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<type>.+?)\s+"
+    r"(?P<kind>all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter|collective-broadcast)"
+    r"(?P<start>-start)?\(",
+    re.M,
+)
+_ARRAY = re.compile(r"\b(pred|[a-z]+\d+)\[([\d,]*)\]")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """One collective of a compiled program: its HLO kind, result shape(s) and bytes per device."""
+
+    kind: str
+    name: str
+    shapes: tuple[tuple[int, ...], ...]
+    bytes: int
+    op_name: str
+
+
+def _array_bytes(dtype: str, dims: str) -> tuple[tuple[int, ...], int]:
+    shape = tuple(int(d) for d in dims.split(",") if d)
+    bits = 8 if dtype == "pred" else int(re.sub(r"\D", "", dtype))
+    return shape, int(np.prod(shape, dtype=np.int64)) * max(bits // 8, 1)
+
+
+def collectives(compiled) -> list[Collective]:
+    """The collectives in a compiled program (`jax.jit(f).lower(...).compile()`) or its HLO text.
+
+    `bytes` is the size of the buffer each device receives: for `collective-permute`
+    the rows sent to a neighbour, for `all-gather` the whole gathered array.
+    """
+    text = compiled if isinstance(compiled, str) else compiled.as_text()
+    found = []
+    for m in _COLLECTIVE.finditer(text):
+        arrays = [_array_bytes(*a) for a in _ARRAY.findall(m["type"])]
+        if m["start"]:  # async: (operand, result, contexts...)
+            arrays = arrays[1:2]
+        line = text[m.start() : text.find("\n", m.end())]
+        op_name = _OP_NAME.search(line)
+        found.append(
+            Collective(
+                kind=m["kind"],
+                name=m["name"],
+                shapes=tuple(s for s, _ in arrays),
+                bytes=sum(b for _, b in arrays),
+                op_name=op_name[1] if op_name else "",
+            )
+        )
+    return found
+
+
+# ---------------------------------------------------------------- configuration
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    mesh: Mesh
+    axis: str
+    mesh_axis: str
+    batch_axis: str | None
+    halo: str
+
+    @property
+    def devices(self) -> int:
+        return self.mesh.shape[self.mesh_axis]
+
+
+def _auto_mesh(mesh: Mesh) -> Mesh:
+    """`mesh` with every axis `Auto`, so that sharding constraints may name it."""
+    if all(t == AxisType.Auto for t in mesh.axis_types):
+        return mesh
+    return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
+
+
+def _config(mesh, axis, mesh_axis, batch_axis, halo) -> _Config:
+    where = "shard_spatial"
+    if not isinstance(mesh, Mesh):
+        raise ConfigError(f"{where}: mesh must be a jax.sharding.Mesh (e.g. jax.make_mesh((4,), ('x',))), got {mesh!r}")
+    if axis not in _AXIS_NAMES:
+        raise ConfigError(f"{where}: axis must be one of {', '.join(_AXIS_NAMES)}, got {axis!r}")
+    if halo not in _HALOS:
+        raise ConfigError(f"{where}: halo must be one of {', '.join(_HALOS)}, got {halo!r}")
+    names = tuple(mesh.axis_names)
+    for label, name in (("mesh_axis", mesh_axis), ("batch_axis", batch_axis)):
+        if name is not None and name not in names:
+            raise ConfigError(f"{where}: {label} {name!r} is not an axis of the mesh; its axes are {names}")
+    if mesh_axis is None:
+        free = [n for n in names if n != batch_axis]
+        if len(free) != 1:
+            raise ConfigError(f"{where}: the mesh has axes {names}; say which one splits {axis} with mesh_axis=")
+        mesh_axis = free[0]
+    if mesh_axis == batch_axis:
+        raise ConfigError(f"{where}: mesh_axis and batch_axis are both {mesh_axis!r}; use two different mesh axes")
+    return _Config(_auto_mesh(mesh), axis, mesh_axis, batch_axis, halo)
+
+
+# ---------------------------------------------------------------- the plan
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """Which dims of a value are sharded: the spatial one, and the batch one (or None)."""
+
+    spatial: int
+    batch: int | None
+
+    def spec(self, rank: int, config: _Config) -> P:
+        dims = [None] * rank
+        dims[self.spatial] = config.mesh_axis
+        if config.batch_axis is not None and self.batch is not None:
+            dims[self.batch] = config.batch_axis
+        return P(*dims)
+
+
+def _op_label(op) -> str:
+    scope = f" in '{op.scope}'" if op.scope else ""
+    return f"{op.primitive} (op #{op.index}{scope})"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Window:
+    """How shard_spatial partitions one sliding-window primitive."""
+
+    layouts: Callable  # (eqn, axis name, input layout or None) -> (in, out) _Layout
+    sliding: Callable  # (eqn, in layout) -> SlidingWindow along the sharded axis
+    padding: Callable  # (params, in layout, (lo, hi)) -> params with that padding on the sharded axis
+    fill: Callable  # (eqn) -> the value border padding holds
+    check: Callable  # (eqn, in layout) -> a reason it cannot be partitioned, or None
+
+
+def _conv_layouts(eqn, axis, _):
+    lhs_spec, _, out_spec = eqn.params["dimension_numbers"]
+    spatial = len(lhs_spec) - 2 + _AXIS_NAMES[axis]
+    if spatial < 0:
+        return None
+    return _Layout(lhs_spec[2 + spatial], lhs_spec[0]), _Layout(out_spec[2 + spatial], out_spec[0])
+
+
+def _conv_spatial(eqn, layout) -> int:
+    return eqn.params["dimension_numbers"][0][2:].index(layout.spatial)
+
+
+def _conv_padding(params, layout, pad, eqn):
+    padding = list(params["padding"])
+    padding[_conv_spatial(eqn, layout)] = pad
+    return {**params, "padding": tuple(padding)}
+
+
+def _conv_check(eqn, layout):
+    p = eqn.params
+    if p["lhs_dilation"][_conv_spatial(eqn, layout)] != 1:
+        return f"it has lhs_dilation {p['lhs_dilation']} (a transposed convolution)"
+    if p["batch_group_count"] != 1 and layout.batch is not None:
+        return f"it has batch_group_count {p['batch_group_count']} and the batch is sharded"
+    return None
+
+
+def _pool_layouts(eqn, axis, known):
+    rank = len(eqn.invars[0].aval.shape)
+    layout = known or (_Layout(rank + _AXIS_NAMES[axis], 0) if rank + _AXIS_NAMES[axis] >= 0 else None)
+    return layout and (layout, layout)
+
+
+def _pool_padding(params, layout, pad, eqn):
+    padding = list(params["padding"])
+    padding[layout.spatial] = pad
+    return {**params, "padding": tuple(padding)}
+
+
+def _pool_check(eqn, layout):
+    p = eqn.params
+    if p["base_dilation"][layout.spatial] != 1:
+        return f"it has base_dilation {p['base_dilation']}"
+    if layout.batch is not None and (p["window_dimensions"][layout.batch] != 1 or p["window_strides"][layout.batch] != 1):
+        return "its window spans the sharded batch dim"
+    return None
+
+
+def _extreme(sign: int):
+    def fill(eqn):
+        dtype = np.dtype(eqn.invars[0].aval.dtype)
+        info = np.finfo(dtype) if jnp.issubdtype(dtype, jnp.floating) else np.iinfo(dtype)
+        return sign * np.inf if jnp.issubdtype(dtype, jnp.floating) else (info.max if sign > 0 else info.min)
+
+    return fill
+
+
+_WINDOWS = {
+    "conv_general_dilated": _Window(
+        _conv_layouts, lambda eqn, lay: _regions.conv_axis(eqn, _conv_spatial(eqn, lay)), _conv_padding,
+        lambda eqn: 0, _conv_check,
+    ),
+    **{
+        name: _Window(
+            _pool_layouts, lambda eqn, lay: _regions.reduce_window_axis(eqn, lay.spatial), _pool_padding,
+            fill, _pool_check,
+        )
+        for name, fill in (
+            ("reduce_window_sum", lambda eqn: 0),
+            ("reduce_window_max", _extreme(-1)),
+            ("reduce_window_min", _extreme(+1)),
+        )
+    },
+}
+_LAYOUT_KEEPING = ("convert_element_type", "copy", "reduce_precision")
+_REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin")
+
+
+def _is_elementwise(op) -> bool:
+    categories = {k for k, v in op.macs.items() if v}
+    return op.primitive in _LAYOUT_KEEPING or (bool(categories) and categories <= {"elementwise", "activation"})
+
+
+def _same_layout_values(op, layouts) -> list:
+    """The data values of a layout-keeping op that share one layout: operands shaped
+    like the output (or, for a concatenation, of its rank) and the output."""
+    out = op.outs[0]
+    if op.primitive == "concatenate":
+        dim = op.eqn.params["dimension"]
+        known = [layouts[v] for v in op.ins if v in layouts]
+        if any(lay.spatial == dim or lay.batch == dim for lay in known):
+            return []
+        return [v for v in op.ins if v.is_data and len(v.shape) == len(out.shape)] + [out]
+    if not _is_elementwise(op):
+        return []
+    return [v for v in op.ins if v.is_data and v.shape == out.shape] + [out]
+
+
+@dataclasses.dataclass
+class _Plan:
+    layouts: dict  # Value -> _Layout
+    windows: dict  # Op -> Halo | None (None: XLA's partitioner exchanges the halos)
+
+
+def _is_global(sw: _regions.SlidingWindow) -> bool:
+    """A window that reads the whole axis into one row: a reduction over it."""
+    return sw.out_size == 1 and sw.span >= sw.in_size + sw.pad_lo + sw.pad_hi
+
+
+def _plan_windows(graph, config: _Config, layouts: dict) -> dict:
+    windows = {}
+    for op in graph.ops:
+        rule = _WINDOWS.get(op.primitive)
+        if rule is None or not op.ins[0].is_data:
+            continue
+        found = rule.layouts(op.eqn, config.axis, layouts.get(op.ins[0]))
+        if found is None:
+            raise UnsupportedError(f"shard_spatial: {_op_label(op)} has no spatial axis {config.axis!r}; "
+                                   f"use one of {list(_AXIS_NAMES)[-len(op.ins[0].shape) + 2:]}")
+        lay_in, lay_out = found
+        sw = rule.sliding(op.eqn, lay_in)
+        if _is_global(sw):
+            continue  # global pooling ends the block
+        reason = rule.check(op.eqn, lay_in)
+        if reason:
+            raise UnsupportedError(f"shard_spatial: cannot partition {_op_label(op)} along {config.axis}: "
+                                   f"{reason}; shard a function that stops before it")
+        n = config.devices
+        if sw.out_size < n:
+            raise ConfigError(
+                f"shard_spatial: {_op_label(op)} has {sw.out_size} output rows along {config.axis}, fewer than "
+                f"the {n} devices of mesh axis {config.mesh_axis!r}; use a larger input or a mesh axis "
+                f"of at most {sw.out_size} devices"
+            )
+        if config.batch_axis is not None and lay_in.batch is not None:
+            batch, split = op.ins[0].shape[lay_in.batch], config.mesh.shape[config.batch_axis]
+            if batch % split:
+                raise ConfigError(f"shard_spatial: {_op_label(op)} has batch {batch}, which does not split "
+                                  f"over the {split} devices of batch_axis {config.batch_axis!r}")
+        halo = _regions.stripe_halo(sw, n)
+        if max(halo.window_lo, halo.window_hi) > halo.in_rows:
+            raise ConfigError(
+                f"shard_spatial: the window of {_op_label(op)} reaches {max(halo.window_lo, halo.window_hi)} "
+                f"rows past its stripe along {config.axis} (window {sw.window}, dilation {sw.dilation}, "
+                f"padding {sw.pad_lo, sw.pad_hi}) but a stripe of its {sw.in_size}-row input over {n} "
+                f"devices has only {halo.in_rows}, so the halo would reach past the neighbour; use a mesh "
+                f"axis with fewer devices or a larger input"
+            )
+        for value, lay in ((op.ins[0], lay_in), (op.outs[0], lay_out)):
+            if layouts.setdefault(value, lay) != lay:
+                raise UnsupportedError(f"shard_spatial: {_op_label(op)} reads {config.axis} as dim "
+                                       f"{lay.spatial} of a value other layers shard on dim {layouts[value].spatial}")
+        windows[op] = halo
+    return windows
+
+
+def _propagate(graph, layouts: dict) -> None:
+    """Spread layouts through elementwise ops, forwards and backwards, to a fixed point."""
+    changed = True
+    while changed:
+        changed = False
+        for op in graph.ops:
+            values = _same_layout_values(op, layouts)
+            known = [layouts[v] for v in values if v in layouts]
+            if not known:
+                continue
+            for v in values:
+                if v not in layouts:
+                    layouts[v] = known[0]
+                    changed = True
+
+
+def _check_exits(graph, plan: _Plan, config: _Config) -> None:
+    """Every reader of a sharded value is partitioned, or ends the block."""
+    for value, lay in plan.layouts.items():
+        for op in value.consumers:
+            if op in plan.windows or any(v in plan.layouts for v in op.outs):
+                continue
+            if op.primitive in _WINDOWS or op.primitive == "reshape":
+                continue  # global pooling, flattening
+            if op.primitive in _REDUCTIONS and lay.spatial in op.eqn.params["axes"]:
+                continue
+            raise UnsupportedError(
+                f"shard_spatial: {_op_label(op)} reads an activation sharded along {config.axis} and jtile "
+                f"cannot partition it (only convolutions, pools, elementwise ops, channel concatenation and "
+                f"reductions over {config.axis} are); shard a function that stops before it"
+            )
+
+
+def _plan(graph, config: _Config) -> _Plan:
+    layouts: dict = {}
+    windows = _plan_windows(graph, config, layouts)
+    if not windows:
+        raise UnsupportedError(
+            f"shard_spatial: the function has no convolution or pooling along {config.axis} to partition"
+        )
+    _propagate(graph, layouts)
+    # a second pass: pools whose input layout is now known from the elementwise ops before them
+    windows = _plan_windows(graph, config, layouts)
+    plan = _Plan(layouts, windows)
+    _check_exits(graph, plan, config)
+    for op, halo in windows.items():
+        if config.halo == "xla" or (config.halo == "auto" and _xla_exchanges_halos(op, plan, config)):
+            plan.windows[op] = None
+        elif max(halo.fetch_lo, halo.fetch_hi) > halo.in_rows:
+            sw = halo.window
+            raise UnsupportedError(
+                f"shard_spatial: {_op_label(op)} cannot swap halos with its neighbours only: with stride "
+                f"{sw.stride}, stripes of {halo.in_rows} input rows and {halo.out_rows} output rows over "
+                f"{halo.devices} devices drift apart by more than a stripe ({sw.in_size} -> {sw.out_size} "
+                f"rows), and XLA's partitioner would all-gather its input; use halo='xla' to accept "
+                f"that, or a mesh axis with fewer devices"
+            )
+    return plan
+
+
+# ---------------------------------------------------------------- the rules
+
+
+def _constrain(x, layout: _Layout, config: _Config):
+    return lax.with_sharding_constraint(x, NamedSharding(config.mesh, layout.spec(np.ndim(x), config)))
+
+
+_PROBED: dict = {}
+
+
+def _xla_exchanges_halos(op, plan: _Plan, config: _Config) -> bool:
+    """Whether XLA's partitioner runs `op` on stripes with halo exchanges only
+    (no all-gather), judged from the HLO of `op` compiled alone."""
+    lay_in, lay_out = plan.layouts[op.ins[0]], plan.layouts[op.outs[0]]
+    key = (op.primitive, str(op.eqn.params), tuple(v.shape for v in op.ins), lay_in, lay_out, config)
+    if key not in _PROBED:
+
+        def alone(x, *rest):  # the output padded to whole stripes, so that returning it gathers nothing
+            out = _constrain(bind(op.eqn, _constrain(x, lay_in, config), *rest)[0], lay_out, config)
+            return _constrain(_pad_rows(out, lay_out.spatial, config.devices), lay_out, config)
+
+        args = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in op.ins]
+        kinds = {c.kind for c in collectives(jax.jit(alone).lower(*args).compile())}
+        _PROBED[key] = kinds <= {"collective-permute"}
+    return _PROBED[key]
+
+
+def _pad_rows(x, axis: int, devices: int):
+    """`x` with zero rows appended along `axis` up to a multiple of `devices`."""
+    extra = -x.shape[axis] % devices
+    return lax.pad(x, jnp.zeros((), x.dtype), [(0, extra if d == axis else 0, 0) for d in range(x.ndim)])
+
+
+def _exchange_halos(op, halo: _regions.Halo, lhs, rest, plan: _Plan, config: _Config):
+    """`op` on stripes: a shard_map that swaps `halo` rows with the neighbours by ppermute."""
+    rule, name, n = _WINDOWS[op.primitive], config.mesh_axis, config.devices
+    lay_in, lay_out = plan.layouts[op.ins[0]], plan.layouts[op.outs[0]]
+    a, sw = lay_in.spatial, halo.window
+    params = rule.padding(op.eqn.primitive.get_bind_params(op.eqn.params), lay_in, (0, 0), op.eqn)
+    fill = rule.fill(op.eqn)
+
+    def rows(x, start, stop):
+        return lax.slice_in_dim(x, start, stop, axis=a)
+
+    def zeros(x, count):
+        shape = list(x.shape)
+        shape[a] = count
+        return jnp.zeros(shape, x.dtype)
+
+    def local(x, *rest):
+        i = lax.axis_index(name)
+        from_below = lax.ppermute(rows(x, halo.in_rows - halo.fetch_lo, halo.in_rows), name,
+                                  [(j, j + 1) for j in range(n - 1)])
+        from_above = lax.ppermute(rows(x, 0, halo.fetch_hi), name, [(j + 1, j) for j in range(n - 1)])
+        parts = [zeros(x, halo.lo - halo.fetch_lo), from_below, x, from_above, zeros(x, halo.hi - halo.fetch_hi)]
+        stripe = lax.concatenate(parts, a)
+        row = i * halo.in_rows - halo.lo + lax.broadcasted_iota(jnp.int32, stripe.shape, a)
+        stripe = jnp.where((row >= 0) & (row < sw.in_size), stripe, jnp.asarray(fill, stripe.dtype))
+        window = lax.dynamic_slice_in_dim(stripe, halo.offset(i), halo.read_rows, axis=a)
+        varying = tuple(jax.typeof(window).manual_axis_type.varying)  # replicated operands join the stripe's manual axes
+        return op.eqn.primitive.bind(window, *(lax.pcast(r, varying, to="varying") for r in rest), **params)
+
+    lhs = _constrain(_pad_rows(lhs, a, n), lay_in, config)
+    rank = len(op.outs[0].shape)
+    out = jax.shard_map(
+        local, mesh=config.mesh, in_specs=(lay_in.spec(lhs.ndim, config), *[P()] * len(rest)),
+        out_specs=lay_out.spec(rank, config),
+    )(lhs, *rest)
+    return lax.slice_in_dim(out, 0, sw.out_size, axis=lay_out.spatial)
+
+
+def _rules(closed, config: _Config) -> dict:
+    graph = Graph.of(closed)
+    plan = _plan(graph, config)
+    actions = {}
+    for op in graph.ops:
+        ins = [(k, plan.layouts[v]) for k, v in enumerate(op.ins) if v in plan.layouts]
+        outs = [(k, plan.layouts[v]) for k, v in enumerate(op.outs) if v in plan.layouts]
+        if ins or outs:
+            actions[id(op.eqn)] = (op, ins, outs)
+
+    def rule(eqn, *invals):
+        op, ins, outs = actions.get(id(eqn), (None, [], []))
+        invals = list(invals)
+        for k, lay in ins:
+            invals[k] = _constrain(invals[k], lay, config)
+        if op is not None and plan.windows.get(op) is not None:
+            out = [_exchange_halos(op, plan.windows[op], invals[0], invals[1:], plan, config)]
+        else:
+            out = bind(eqn, *invals)
+        for k, lay in outs:
+            out[k] = _constrain(out[k], lay, config)
+        return out if eqn.primitive.multiple_results else out[0]
+
+    return {op.primitive: rule for op, _, _ in actions.values()}
+
+
+def shard_spatial(
+    fn: Callable | None = None,
+    /,
+    *,
+    mesh: Mesh,
+    axis: str = "H",
+    mesh_axis: str | None = None,
+    batch_axis: str | None = None,
+    halo: str = "auto",
+    **unknown,
+) -> Callable:
+    """Split the activations of `fn`'s convolutions, pools and elementwise ops along
+    spatial `axis` over the devices of `mesh_axis`.
+
+    **Arguments:**
+
+    - `fn`: the function to transform. Omit it to use `shard_spatial` as a decorator.
+    - `mesh`: a `jax.sharding.Mesh` (its axes are used as `Auto` axes).
+    - `axis`: `"H"`, `"W"` or `"D"`, the spatial axis to split (of each layer's
+        dimension numbers; pools follow their input).
+    - `mesh_axis`: the mesh axis the stripes go over; may be omitted when the
+        mesh has one axis besides `batch_axis`.
+    - `batch_axis`: optionally, a second mesh axis that splits the batch.
+    - `halo`: `"auto"` (XLA's partitioner where its compiled HLO swaps halos,
+        jtile's `shard_map` + `ppermute` exchange where it would all-gather),
+        `"ppermute"` (jtile's everywhere) or `"xla"` (XLA's everywhere).
+
+    **Returns:** a function with `fn`'s signature and outputs (up to float rounding).
+    """
+    reject_unknown("shard_spatial", unknown, ("mesh", "axis", "mesh_axis", "batch_axis", "halo"))
+    config = _config(mesh, axis, mesh_axis, batch_axis, halo)
+    if fn is None:
+        return lambda f: shard_spatial(f, mesh=mesh, axis=axis, mesh_axis=mesh_axis, batch_axis=batch_axis, halo=halo)
+    return transform(fn, "shard_spatial", lambda closed: _rules(closed, config))
