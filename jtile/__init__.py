@@ -17,4 +17,5 @@ from .analysis import intercept as intercept
 from .analysis import summary as summary
 from .fusion import fuse as fuse
 from .gemm import split_gemm as split_gemm
+from .sharding import shard_spatial as shard_spatial
 from .tiling import tile_conv as tile_conv

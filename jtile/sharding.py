@@ -275,6 +275,13 @@ def _same_layout_values(op, layouts) -> list:
         if any(lay.spatial == dim or lay.batch == dim for lay in known):
             return []
         return [v for v in op.ins if v.is_data and len(v.shape) == len(out.shape)] + [out]
+    if op.primitive == "slice":  # a slice that keeps every sharded dim whole
+        p, (lay,) = op.eqn.params, [layouts[v] for v in op.ins if v in layouts] or [None]
+        kept = lay and all(
+            p["start_indices"][d] == 0 and p["limit_indices"][d] == op.ins[0].shape[d] and (p["strides"] is None or p["strides"][d] == 1)
+            for d in (lay.spatial, lay.batch) if d is not None
+        )
+        return [op.ins[0], out] if kept else []
     if not _is_elementwise(op):
         return []
     return [v for v in op.ins if v.is_data and v.shape == out.shape] + [out]
@@ -358,7 +365,7 @@ def _check_exits(graph, plan: _Plan, config: _Config) -> None:
     """Every reader of a sharded value is partitioned, or ends the block."""
     for value, lay in plan.layouts.items():
         for op in value.consumers:
-            if op in plan.windows or any(v in plan.layouts for v in op.outs):
+            if op in plan.windows or value in _same_layout_values(op, plan.layouts):
                 continue
             if op.primitive in _WINDOWS or op.primitive == "reshape":
                 continue  # global pooling, flattening
@@ -383,17 +390,18 @@ def _plan(graph, config: _Config) -> _Plan:
     windows = _plan_windows(graph, config, layouts)
     plan = _Plan(layouts, windows)
     _check_exits(graph, plan, config)
+    xla = _xla_exchanges_halos(list(windows), plan, config) if config.halo == "auto" else {}
     for op, halo in windows.items():
-        if config.halo == "xla" or (config.halo == "auto" and _xla_exchanges_halos(op, plan, config)):
+        if config.halo == "xla" or xla.get(op):
             plan.windows[op] = None
         elif max(halo.fetch_lo, halo.fetch_hi) > halo.in_rows:
-            sw = halo.window
+            sw, gathers = halo.window, ", and XLA's partitioner would all-gather its input" if op in xla else ""
             raise UnsupportedError(
                 f"shard_spatial: {_op_label(op)} cannot swap halos with its neighbours only: with stride "
                 f"{sw.stride}, stripes of {halo.in_rows} input rows and {halo.out_rows} output rows over "
                 f"{halo.devices} devices drift apart by more than a stripe ({sw.in_size} -> {sw.out_size} "
-                f"rows), and XLA's partitioner would all-gather its input; use halo='xla' to accept "
-                f"that, or a mesh axis with fewer devices"
+                f"rows){gathers}; use halo='xla' to let XLA's partitioner move the rows, or a mesh "
+                f"axis with fewer devices"
             )
     return plan
 
@@ -405,24 +413,55 @@ def _constrain(x, layout: _Layout, config: _Config):
     return lax.with_sharding_constraint(x, NamedSharding(config.mesh, layout.spec(np.ndim(x), config)))
 
 
-_PROBED: dict = {}
+_PROBED: dict = {}  # probe key -> whether XLA swaps halos for that op
 
 
-def _xla_exchanges_halos(op, plan: _Plan, config: _Config) -> bool:
-    """Whether XLA's partitioner runs `op` on stripes with halo exchanges only
-    (no all-gather), judged from the HLO of `op` compiled alone."""
-    lay_in, lay_out = plan.layouts[op.ins[0]], plan.layouts[op.outs[0]]
-    key = (op.primitive, str(op.eqn.params), tuple(v.shape for v in op.ins), lay_in, lay_out, config)
-    if key not in _PROBED:
+def _probe_key(op, plan: _Plan, config: _Config):
+    layouts = (plan.layouts[op.ins[0]], plan.layouts[op.outs[0]])
+    return (op.primitive, str(op.eqn.params), tuple((v.shape, v.dtype) for v in op.ins), layouts, config)
 
-        def alone(x, *rest):  # the output padded to whole stripes, so that returning it gathers nothing
-            out = _constrain(bind(op.eqn, _constrain(x, lay_in, config), *rest)[0], lay_out, config)
-            return _constrain(_pad_rows(out, lay_out.spatial, config.devices), lay_out, config)
 
-        args = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in op.ins]
-        kinds = {c.kind for c in collectives(jax.jit(alone).lower(*args).compile())}
-        _PROBED[key] = kinds <= {"collective-permute"}
-    return _PROBED[key]
+def _probe(ops: list, plan: _Plan, config: _Config) -> dict:
+    """For each op, whether XLA's partitioner runs it on stripes with halo
+    exchanges only (no all-gather, no all-to-all): the ops are compiled in one
+    program, each alone on its own inputs in a named scope, and each scope's
+    collectives read from the HLO. Collectives no scope claims send every op
+    of the program to a compile of its own."""
+
+    def alone(op, x, *rest):  # the output padded to whole stripes, so that returning it gathers nothing
+        lay_in, lay_out = plan.layouts[op.ins[0]], plan.layouts[op.outs[0]]
+        out = _constrain(bind(op.eqn, _constrain(x, lay_in, config), *rest)[0], lay_out, config)
+        return _constrain(_pad_rows(out, lay_out.spatial, config.devices), lay_out, config)
+
+    def program(*args):
+        it = iter(args)
+        outs = []
+        for k, op in enumerate(ops):
+            with jax.named_scope(f"jtile_probe_{k}"):
+                outs.append(alone(op, *[next(it) for _ in op.ins]))
+        return outs
+
+    args = [jax.ShapeDtypeStruct(v.shape, v.dtype) for op in ops for v in op.ins]
+    found = collectives(jax.jit(program).lower(*args).compile())
+    scopes = [re.search(r"jtile_probe_(\d+)/", c.op_name) for c in found]
+    if len(ops) > 1 and not all(scopes):
+        return {op: _probe([op], plan, config)[op] for op in ops}
+    gathers = {int(m[1]) for c, m in zip(found, scopes) if c.kind != "collective-permute" and m}
+    if len(ops) == 1 and any(c.kind != "collective-permute" for c in found):
+        gathers = {0}
+    return {op: k not in gathers for k, op in enumerate(ops)}
+
+
+def _xla_exchanges_halos(ops, plan: _Plan, config: _Config) -> dict:
+    """`_probe` for the ops not probed before (on the same shapes, layouts and mesh)."""
+    unique = {}
+    for op in ops:
+        unique.setdefault(_probe_key(op, plan, config), op)
+    todo = {key: op for key, op in unique.items() if key not in _PROBED}
+    if todo:
+        verdicts = _probe(list(todo.values()), plan, config)
+        _PROBED.update((key, verdicts[op]) for key, op in todo.items())
+    return {op: _PROBED[_probe_key(op, plan, config)] for op in ops}
 
 
 def _pad_rows(x, axis: int, devices: int):
