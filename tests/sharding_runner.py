@@ -7,6 +7,9 @@ jax, runs the suite's cases, and prints one JSON object per case: the largest
 difference from the unsharded function, the output scale, the collectives of
 the compiled program, or the jtile error a bad input raised. The test process
 asserts on them.
+
+`python tests/sharding_runner.py process <id> <port>` is one of two
+processes that `jax.distributed` joins into one 4-device mesh.
 """
 
 import json
@@ -14,7 +17,8 @@ import os
 import sys
 
 if __name__ == "__main__":
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={int(sys.argv[1])}"
+    DEVICES = 2 if sys.argv[1] == "process" else int(sys.argv[1])
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES}"
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -59,6 +63,12 @@ def _chain(size, batch=1):
 def _model(name, size, batch=1):
     key_m, key_x = jax.random.split(jax.random.key(1))
     return (lambda model, x: model(x)), (jtile.models.get(name, key_m), jax.random.normal(key_x, (batch, 3, size, size)))
+
+
+def _tutorial():
+    """Aidge's tutorial net with padding, whose edge stripes keep their padding."""
+    model = jtile.models.Tutorial(jax.random.key(0), padding=1)
+    return (lambda model, x: model(x)), (model, jax.random.normal(jax.random.key(1), (4, 3, 66, 66)))
 
 
 def _mesh(devices, batch_split=1):
@@ -134,5 +144,32 @@ def main(devices: int, suites: str) -> None:
             print(json.dumps(run_case(name, fn, args, mesh, **config)), flush=True)
 
 
+def process(process_id: int, port: int) -> None:
+    """One of two processes with 2 devices each: `shard_spatial` over the global
+    4-device mesh, the output replicated back, compared with this process's
+    unsharded run on one of its own devices."""
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=process_id, initialization_timeout=120
+    )
+    fn, args = _tutorial()
+    mesh = _mesh(4)
+    sharded = jax.jit(jtile.shard_spatial(fn, mesh=mesh), out_shardings=jax.sharding.NamedSharding(mesh, jax.P()))
+    compiled = sharded.lower(*args).compile()
+    got = np.asarray(compiled(*args).addressable_data(0))
+    expected = np.asarray(jax.jit(fn)(*jax.device_put(args, jax.local_devices()[0])))
+    print(json.dumps({
+        "case": f"process-{process_id}",
+        "devices": [jax.device_count(), jax.local_device_count()],
+        "max_diff": float(np.max(np.abs(got - expected))),
+        "scale": float(np.max(np.abs(expected))),
+        "collectives": [[c.kind, c.bytes, list(map(list, c.shapes))] for c in collectives(compiled)],
+    }), flush=True)
+    jax.distributed.shutdown()
+
+
 if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2])
+    if sys.argv[1] == "process":
+        process(int(sys.argv[2]), int(sys.argv[3]))
+    else:
+        main(int(sys.argv[1]), sys.argv[2])

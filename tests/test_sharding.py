@@ -2,6 +2,7 @@ import functools
 import importlib.util
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -107,6 +108,34 @@ def test_resnet18_and_mobilenet_v2_sharded_equal_unsharded(devices):
         # halos inside the block; one all-reduce where global pooling ends it
         assert kinds(record) == {"collective-permute", "all-reduce"}
         assert sum(kind == "all-reduce" for kind, _, _ in record["collectives"]) == 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_of_two_devices_run_one_sharded_mesh():
+    port = _free_port()
+    children = [
+        subprocess.Popen([sys.executable, str(RUNNER), "process", str(i), str(port)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=subprocess_env())
+        for i in range(2)
+    ]
+    try:
+        outputs = [child.communicate(timeout=300) for child in children]
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    for child, (out, err) in zip(children, outputs):
+        assert child.returncode == 0, err[-3000:]
+        record = json.loads(out.splitlines()[-1])
+        assert record["devices"] == [4, 2]
+        assert_matches(record)
+        # halos cross the process boundary as collective-permutes; one all-gather replicates the output
+        assert kinds(record) == {"collective-permute", "all-gather"}
 
 
 # ---------------------------------------------------------------- one device, in process
