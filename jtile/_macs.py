@@ -40,6 +40,8 @@ from collections.abc import Callable
 import jax.extend.core as jcore
 import numpy as np
 
+from ._registry import facet, key, register
+
 CATEGORIES = ("conv", "dense", "pool", "norm", "activation", "elementwise")
 
 
@@ -71,12 +73,12 @@ def _is_scalar(v) -> bool:
     return isinstance(v, jcore.Literal) or math.prod(v.aval.shape) == 1
 
 
-def _max_min(eqn) -> tuple[str, int]:
+def _max_min(eqn) -> Counter:
     kind = "activation" if any(_is_scalar(v) for v in eqn.invars) else "elementwise"
-    return kind, _out_elements(eqn)
+    return Counter({kind: _out_elements(eqn)})
 
 
-_RULES: dict[str, tuple[str, Callable]] = {
+_RULES: dict[str, tuple[str, Callable]] = {  # registered below, one entry each
     "conv_general_dilated": ("conv", _conv),
     "dot_general": ("dense", _dot),
     **{p: ("pool", _window) for p in (
@@ -110,35 +112,18 @@ _RULES: dict[str, tuple[str, Callable]] = {
 }
 
 
-def _closed_macs(closed) -> tuple[Counter, set]:
-    jaxpr = closed.jaxpr if isinstance(closed, jcore.ClosedJaxpr) else closed
-    total, uncounted = Counter(), set()
-    for eqn in jaxpr.eqns:
-        macs, missing = eqn_macs(eqn)
-        total += macs
-        uncounted |= missing
-    return total, uncounted
-
-
 def _scaled(counter: Counter, factor: int) -> Counter:
     return Counter({k: v * factor for k, v in counter.items()})
 
 
-def _sub_jaxprs_macs(eqn) -> tuple[Counter, set]:
-    name, p = eqn.primitive.name, eqn.params
-    if name == "scan":
-        macs, missing = _closed_macs(p["jaxpr"])
-        return _scaled(macs, p["length"]), missing
-    if name == "cond":
-        counted = [_closed_macs(b) for b in p["branches"]]
-        macs, _ = max(counted, key=lambda c: sum(c[0].values()))
-        return macs, set().union(*(m for _, m in counted))
-    total, uncounted = Counter(), set()
-    for sub in jcore.jaxprs_in_params(p):  # jit-like calls, while (body + cond once)
-        macs, missing = _closed_macs(sub)
-        total += macs
-        uncounted |= missing
-    return total, uncounted
+def _control_flow(eqn, bodies: list[tuple[Counter, set]]) -> tuple[Counter, set]:
+    """MACs of control flow from those of its bodies (in `jaxprs_in_params` order)."""
+    uncounted = set().union(*(m for _, m in bodies))
+    if eqn.primitive.name == "scan":
+        return _scaled(bodies[0][0], eqn.params["length"]), uncounted
+    if eqn.primitive.name == "cond":
+        return max((c for c, _ in bodies), key=lambda c: sum(c.values())), uncounted
+    return sum((c for c, _ in bodies), Counter()), uncounted  # while: body + cond, once
 
 
 def _epilogue(eqn, adds: int, activation) -> Counter:
@@ -181,32 +166,40 @@ _KERNELS: dict[str, tuple[str, Callable]] = {  # jtile.kernels FFI targets (x NC
 }
 
 
-def _kernel(eqn) -> Counter | None:
-    target = eqn.params["target_name"]
-    kind, rule = ("conv", _kernel_conv) if target.startswith("jtile_conv") else _KERNELS.get(target, (None, None))
-    if rule is None:
-        return None
-    attributes = dict(eqn.params["attributes"] or ())
-    # (x, weight[, bias[, residual]]); an empty residual buffer is none.
-    epilogue = [v for v in eqn.invars[2:4] if math.prod(v.aval.shape)] if kind in ("conv", "dense") else []
-    return Counter({kind: rule(eqn)}) + _epilogue(eqn, len(epilogue), attributes.get("activation"))
+def _kernel(kind: str, rule: Callable) -> Callable:
+    def macs(eqn) -> Counter:
+        attributes = dict(eqn.params["attributes"] or ())
+        # (x, weight[, bias[, residual]]); an empty residual buffer is none.
+        epilogue = [v for v in eqn.invars[2:4] if math.prod(v.aval.shape)] if kind in ("conv", "dense") else []
+        return Counter({kind: rule(eqn)}) + _epilogue(eqn, len(epilogue), attributes.get("activation"))
+
+    return macs
 
 
-def eqn_macs(eqn) -> tuple[Counter, set[str]]:
-    """MACs of `eqn` by category, and the primitives that had no rule."""
-    name = eqn.primitive.name
-    if name in ("conv_bias_act", "dense"):
-        return _fused(eqn), set()
-    if name == "ffi_call":
-        macs = _kernel(eqn)
-        return (Counter(), {f"ffi_call:{eqn.params['target_name']}"}) if macs is None else (macs, set())
-    if name in ("max", "min"):
-        kind, macs = _max_min(eqn)
-        return Counter({kind: macs}), set()
-    if name in _RULES:
-        kind, rule = _RULES[name]
-        macs = rule(eqn)
-        return (Counter({kind: macs}) if macs else Counter()), set()
-    if any(True for _ in jcore.jaxprs_in_params(eqn.params)):
-        return _sub_jaxprs_macs(eqn)
-    return Counter(), {name}
+def _counted(kind: str, rule: Callable) -> Callable:
+    def macs(eqn) -> Counter:
+        n = rule(eqn)
+        return Counter({kind: n}) if n else Counter()
+
+    return macs
+
+
+for _name, (_kind, _rule) in _RULES.items():
+    register(_name, macs=_counted(_kind, _rule))
+for _name in ("max", "min"):
+    register(_name, macs=_max_min)
+for _name in ("conv_bias_act", "dense"):
+    register(_name, macs=_fused)
+for _target in ("jtile_conv_direct", "jtile_conv_smm", "jtile_conv_winograd", "jtile_conv_depthwise"):
+    register(f"ffi_call:{_target}", macs=_kernel("conv", _kernel_conv), weights=(1, 2), activations=(0, 3))
+for _target, (_kind, _rule) in _KERNELS.items():
+    register(f"ffi_call:{_target}", macs=_kernel(_kind, _rule))
+
+
+def eqn_macs(eqn, bodies: list[tuple[Counter, set]] = ()) -> tuple[Counter, set[str]]:
+    """MACs of `eqn` by category, and the ops that had no rule; a
+    control-flow equation needs the `(MACs, uncounted)` of its `bodies`."""
+    if bodies:
+        return _control_flow(eqn, list(bodies))
+    rule = facet(eqn, "macs")
+    return (Counter(), {key(eqn)}) if rule is None else (rule(eqn), set())
