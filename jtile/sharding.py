@@ -30,6 +30,7 @@ combines the stripes there.
 """
 
 import dataclasses
+import functools
 import re
 from collections.abc import Callable
 
@@ -180,6 +181,7 @@ class _Window:
     padding: Callable  # (params, in layout, (lo, hi)) -> params with that padding on the sharded axis
     fill: Callable  # (eqn) -> the value border padding holds
     check: Callable  # (eqn, in layout) -> a reason it cannot be partitioned, or None
+    reduce: Callable | None = None  # (x, axis) -> x reduced over axis (kept as size 1), for global pooling
 
 
 def _conv_layouts(eqn, axis, _):
@@ -247,12 +249,12 @@ _WINDOWS = {
     **{
         name: _Window(
             _pool_layouts, lambda eqn, lay: _regions.reduce_window_axis(eqn, lay.spatial), _pool_padding,
-            fill, _pool_check,
+            fill, _pool_check, functools.partial(reduce, keepdims=True),
         )
-        for name, fill in (
-            ("reduce_window_sum", lambda eqn: 0),
-            ("reduce_window_max", _extreme(-1)),
-            ("reduce_window_min", _extreme(+1)),
+        for name, fill, reduce in (
+            ("reduce_window_sum", lambda eqn: 0, jnp.sum),
+            ("reduce_window_max", _extreme(-1), jnp.max),
+            ("reduce_window_min", _extreme(+1), jnp.min),
         )
     },
 }
@@ -291,6 +293,7 @@ def _same_layout_values(op, layouts) -> list:
 class _Plan:
     layouts: dict  # Value -> _Layout
     windows: dict  # Op -> Halo | None (None: XLA's partitioner exchanges the halos)
+    pools: dict  # Op -> input _Layout, for global pools reduced over the sharded axis first
 
 
 def _is_global(sw: _regions.SlidingWindow) -> bool:
@@ -298,8 +301,8 @@ def _is_global(sw: _regions.SlidingWindow) -> bool:
     return sw.out_size == 1 and sw.span >= sw.in_size + sw.pad_lo + sw.pad_hi
 
 
-def _plan_windows(graph, config: _Config, layouts: dict) -> dict:
-    windows = {}
+def _plan_windows(graph, config: _Config, layouts: dict) -> tuple[dict, dict]:
+    windows, pools = {}, {}
     for op in graph.ops:
         rule = _WINDOWS.get(op.primitive)
         if rule is None or not op.ins[0].is_data:
@@ -310,8 +313,10 @@ def _plan_windows(graph, config: _Config, layouts: dict) -> dict:
                                    f"use one of {list(_AXIS_NAMES)[-len(op.ins[0].shape) + 2:]}")
         lay_in, lay_out = found
         sw = rule.sliding(op.eqn, lay_in)
-        if _is_global(sw):
-            continue  # global pooling ends the block
+        if _is_global(sw):  # global pooling ends the block
+            if rule.reduce is not None and not rule.check(op.eqn, lay_in):
+                pools[op] = lay_in
+            continue
         reason = rule.check(op.eqn, lay_in)
         if reason:
             raise UnsupportedError(f"shard_spatial: cannot partition {_op_label(op)} along {config.axis}: "
@@ -342,7 +347,7 @@ def _plan_windows(graph, config: _Config, layouts: dict) -> dict:
                 raise UnsupportedError(f"shard_spatial: {_op_label(op)} reads {config.axis} as dim "
                                        f"{lay.spatial} of a value other layers shard on dim {layouts[value].spatial}")
         windows[op] = halo
-    return windows
+    return windows, pools
 
 
 def _propagate(graph, layouts: dict) -> None:
@@ -380,15 +385,15 @@ def _check_exits(graph, plan: _Plan, config: _Config) -> None:
 
 def _plan(graph, config: _Config) -> _Plan:
     layouts: dict = {}
-    windows = _plan_windows(graph, config, layouts)
+    windows, _ = _plan_windows(graph, config, layouts)
     if not windows:
         raise UnsupportedError(
             f"shard_spatial: the function has no convolution or pooling along {config.axis} to partition"
         )
     _propagate(graph, layouts)
     # a second pass: pools whose input layout is now known from the elementwise ops before them
-    windows = _plan_windows(graph, config, layouts)
-    plan = _Plan(layouts, windows)
+    windows, pools = _plan_windows(graph, config, layouts)
+    plan = _Plan(layouts, windows, pools)
     _check_exits(graph, plan, config)
     xla = _xla_exchanges_halos(list(windows), plan, config) if config.halo == "auto" else {}
     for op, halo in windows.items():
@@ -508,6 +513,16 @@ def _exchange_halos(op, halo: _regions.Halo, lhs, rest, plan: _Plan, config: _Co
     return lax.slice_in_dim(out, 0, sw.out_size, axis=lay_out.spatial)
 
 
+def _global_pool(op, layout: _Layout, x, *rest):
+    """A pool whose window spans the sharded axis: each device reduces its stripe
+    and XLA combines the partial results (an all-reduce, not a gather)."""
+    a, p = layout.spatial, dict(op.eqn.primitive.get_bind_params(op.eqn.params))
+    x = _WINDOWS[op.primitive].reduce(x, a)
+    for name, value in (("window_dimensions", 1), ("window_strides", 1), ("window_dilation", 1), ("padding", (0, 0))):
+        p[name] = tuple(value if d == a else v for d, v in enumerate(p[name]))
+    return op.eqn.primitive.bind(x, *rest, **p)
+
+
 def _rules(closed, config: _Config) -> dict:
     graph = Graph.of(closed)
     plan = _plan(graph, config)
@@ -515,7 +530,7 @@ def _rules(closed, config: _Config) -> dict:
     for op in graph.ops:
         ins = [(k, plan.layouts[v]) for k, v in enumerate(op.ins) if v in plan.layouts]
         outs = [(k, plan.layouts[v]) for k, v in enumerate(op.outs) if v in plan.layouts]
-        if ins or outs:
+        if ins or outs or op in plan.pools:
             actions[id(op.eqn)] = (op, ins, outs)
 
     def rule(eqn, *invals):
@@ -525,6 +540,8 @@ def _rules(closed, config: _Config) -> dict:
             invals[k] = _constrain(invals[k], lay, config)
         if op is not None and plan.windows.get(op) is not None:
             out = [_exchange_halos(op, plan.windows[op], invals[0], invals[1:], plan, config)]
+        elif op in plan.pools:
+            out = [_global_pool(op, plan.pools[op], *invals)]
         else:
             out = bind(eqn, *invals)
         for k, lay in outs:
