@@ -276,3 +276,17 @@ def test_stripe_halo_holds_every_row_each_device_reads(seed):
         assert below <= halo.fetch_lo and above <= halo.fetch_hi
         if max(halo.fetch_lo, halo.fetch_hi) <= ci:  # exchangeable: only neighbours' rows are read
             assert region.start >= (i - 1) * ci and region.stop <= (i + 2) * ci
+
+
+def test_demo_devices_shards_the_tutorial_over_host_devices_and_prints_collectives(capsys):
+    from jtile.cli import main
+
+    assert main(["demo", "--devices", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "tutorial on input (4, 3, 66, 66), shard_spatial(axis='H') on 4 devices" in out
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()
+            if line.startswith("  ") and all(w.isdigit() for w in line.split()[1:])}
+    assert int(rows["collective-permute"][0]) > 0 and "all-gather" not in rows
+    unsharded, sharded = map(int, rows["output"])
+    assert sharded == unsharded // 4  # each device holds a quarter of the output rows
+    assert "OK: sharded outputs match" in out
