@@ -182,6 +182,7 @@ class _Window:
     fill: Callable  # (eqn) -> the value border padding holds
     check: Callable  # (eqn, in layout) -> a reason it cannot be partitioned, or None
     reduce: Callable | None = None  # (x, axis) -> x reduced over axis (kept as size 1), for global pooling
+    linear: bool = False  # linear in its first operand, border padding zero
 
 
 def _conv_layouts(eqn, axis, _):
@@ -244,12 +245,12 @@ def _extreme(sign: int):
 _WINDOWS = {
     "conv_general_dilated": _Window(
         _conv_layouts, lambda eqn, lay: _regions.conv_axis(eqn, _conv_spatial(eqn, lay)), _conv_padding,
-        lambda eqn: 0, _conv_check,
+        lambda eqn: 0, _conv_check, linear=True,
     ),
     **{
         name: _Window(
             _pool_layouts, lambda eqn, lay: _regions.reduce_window_axis(eqn, lay.spatial), _pool_padding,
-            fill, _pool_check, functools.partial(reduce, keepdims=True),
+            fill, _pool_check, functools.partial(reduce, keepdims=True), linear=name == "reduce_window_sum",
         )
         for name, fill, reduce in (
             ("reduce_window_sum", lambda eqn: 0, jnp.sum),
@@ -480,34 +481,63 @@ def _exchange_halos(op, halo: _regions.Halo, lhs, rest, plan: _Plan, config: _Co
     rule, name, n = _WINDOWS[op.primitive], config.mesh_axis, config.devices
     lay_in, lay_out = plan.layouts[op.ins[0]], plan.layouts[op.outs[0]]
     a, sw = lay_in.spatial, halo.window
-    params = rule.padding(op.eqn.primitive.get_bind_params(op.eqn.params), lay_in, (0, 0), op.eqn)
+    params = op.eqn.primitive.get_bind_params(op.eqn.params)
     fill = rule.fill(op.eqn)
 
+    def rows_of(x, axis, start, stop):
+        return lax.slice_in_dim(x, start, stop, axis=axis)
+
     def rows(x, start, stop):
-        return lax.slice_in_dim(x, start, stop, axis=a)
+        return rows_of(x, a, start, stop)
 
     def zeros(x, count):
         shape = list(x.shape)
         shape[a] = count
         return jnp.zeros(shape, x.dtype)
 
-    def local(x, *rest):
-        i = lax.axis_index(name)
+    def apply(x, rest, pad):
+        varying = tuple(jax.typeof(x).manual_axis_type.varying)  # replicated operands join the stripe's manual axes
+        p = rule.padding(params, lay_in, pad, op.eqn)
+        return op.eqn.primitive.bind(x, *(lax.pcast(r, varying, to="varying") for r in rest), **p)
+
+    def exchange(x):
         from_below = lax.ppermute(rows(x, halo.in_rows - halo.fetch_lo, halo.in_rows), name,
                                   [(j, j + 1) for j in range(n - 1)])
         from_above = lax.ppermute(rows(x, 0, halo.fetch_hi), name, [(j + 1, j) for j in range(n - 1)])
+        return from_below, from_above
+
+    def local(x, *rest):
+        i = lax.axis_index(name)
+        from_below, from_above = exchange(x)
         parts = [zeros(x, halo.lo - halo.fetch_lo), from_below, x, from_above, zeros(x, halo.hi - halo.fetch_hi)]
         stripe = lax.concatenate(parts, a)
         row = i * halo.in_rows - halo.lo + lax.broadcasted_iota(jnp.int32, stripe.shape, a)
         stripe = jnp.where((row >= 0) & (row < sw.in_size), stripe, jnp.asarray(fill, stripe.dtype))
-        window = lax.dynamic_slice_in_dim(stripe, halo.offset(i), halo.read_rows, axis=a)
-        varying = tuple(jax.typeof(window).manual_axis_type.varying)  # replicated operands join the stripe's manual axes
-        return op.eqn.primitive.bind(window, *(lax.pcast(r, varying, to="varying") for r in rest), **params)
+        return apply(lax.dynamic_slice_in_dim(stripe, halo.offset(i), halo.read_rows, axis=a), rest, (0, 0))
+
+    def local_linear(x, *rest):
+        """For a linear op on aligned stripes: the op on the stripe itself with zero
+        padding for the halo, plus the op on the halo rows alone added into the
+        border output rows, so no haloed copy of the stripe is made."""
+        from_below, from_above = exchange(x)
+        out = apply(x, rest, (sw.pad_lo, halo.read_rows - halo.in_rows - sw.pad_lo))
+        o, s_, span = lay_out.spatial, sw.stride, sw.span
+        if halo.fetch_lo:
+            top = -(-halo.fetch_lo // s_)  # output rows that read rows from below
+            fix = apply(from_below, rest, (0, (top - 1) * s_ + span - halo.fetch_lo))
+            out = lax.dynamic_update_slice_in_dim(out, rows_of(out, o, 0, top) + fix, 0, o)
+        if halo.fetch_hi:
+            first = max((sw.pad_lo + halo.in_rows - span) // s_ + 1, 0)  # first output row reading from above
+            fix = apply(from_above, rest, (sw.pad_lo + halo.in_rows - first * s_, 0))
+            out = lax.dynamic_update_slice_in_dim(out, rows_of(out, o, first, halo.out_rows) + fix, first, o)
+        return out
 
     lhs = _constrain(_pad_rows(lhs, a, n), lay_in, config)
     rank = len(op.outs[0].shape)
+    linear = rule.linear and halo.lo == halo.fetch_lo == sw.pad_lo and halo.hi == halo.fetch_hi and (
+        halo.out_rows * sw.stride == halo.in_rows and n * halo.in_rows == sw.in_size)
     out = jax.shard_map(
-        local, mesh=config.mesh, in_specs=(lay_in.spec(lhs.ndim, config), *[P()] * len(rest)),
+        local_linear if linear else local, mesh=config.mesh, in_specs=(lay_in.spec(lhs.ndim, config), *[P()] * len(rest)),
         out_specs=lay_out.spec(rank, config),
     )(lhs, *rest)
     return lax.slice_in_dim(out, 0, sw.out_size, axis=lay_out.spatial)
