@@ -26,7 +26,9 @@ from ._errors import ConfigError
 from ._fused import activate
 from ._graph import Graph
 from ._interpreter import eager_if_known
-from ._layers import Layer, dense_weight_axis, pool_axes, pool_window, scope_name
+from ._geometry import ConvGeometry, PoolGeometry
+from ._layers import Layer, dense_weight_axis, scope_name
+from ._regions import pool_axes
 
 _F32 = np.dtype(np.float32)
 
@@ -55,24 +57,13 @@ def _restore(y, spec):
     return y if tuple(spec) == tuple(range(len(spec))) else jnp.transpose(y, np.argsort(spec))
 
 
-def _shape_in(shape, spec) -> tuple[int, ...]:
-    return tuple(shape[d] for d in spec)
-
-
 # ---------------------------------------------------------------- conv2d
 
 
 def _conv_geometry(eqn) -> dict:
-    p = eqn.params
-    lhs_spec, rhs_spec, _ = p["dimension_numbers"]
-    return dict(
-        x_shape=_shape_in(eqn.invars[0].aval.shape, lhs_spec),
-        w_shape=_shape_in(eqn.invars[1].aval.shape, rhs_spec),
-        stride=tuple(p["window_strides"]),
-        padding=tuple(tuple(pad) for pad in p["padding"]),
-        dilation=tuple(p["rhs_dilation"]),
-        groups=p["feature_group_count"],
-    )
+    g = ConvGeometry.of(eqn)
+    return dict(x_shape=g.in_shape, w_shape=g.w_shape, stride=g.stride, padding=g.padding,
+                dilation=g.dilation, groups=g.groups)
 
 
 def _conv_support(name: str):
@@ -253,7 +244,7 @@ def _pool_spec(eqn) -> tuple[int, ...]:
 
 def _pool_run(kernel: str):
     def run(eqn, x, *, producers):
-        window, spec = pool_window(eqn), _pool_spec(eqn)
+        window, spec = PoolGeometry.of(eqn).fields(), _pool_spec(eqn)
         pool = getattr(_kernels(), kernel)
         y = pool(_reorder(x, spec), window["kernel_size"], window["stride"], window["padding"])
         return _restore(y, spec)

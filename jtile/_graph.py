@@ -20,11 +20,13 @@ Ops are the equations of the inlined jaxpr in program order: op `k` is the
 layers (ONNX node names for imported models), so one object gives both the
 op-level and the layer-level view.
 
-Roles. A jaxpr input is a *param* when it reaches the weight operand of a
-layer (a conv kernel, the weight side of a product, a fused bias) and never
-an activation operand, and an *input* otherwise; where no layer decides
-(a function with no conv), `fn(params, *inputs)`'s first argument and a
-module's own leaves are params, as in `jtile._roles`. A closed-over constant
+Roles. The calling convention of `jtile._roles` comes first: a module's own
+leaves and `fn(params, *inputs)`'s first argument are params, the rest
+inputs. Where the dataflow contradicts it (a conv weight passed as an
+input: `f(x, w)`), the dataflow decides: the leaves that reach an activation
+operand (a conv's input) without meeting a weight on the way are inputs,
+every other leaf is a param. A leaf nothing reads is no parameter (an unused
+initializer, a shape folded at import). `params=` overrides all of this. A closed-over constant
 is a *param* when it is a named array of the wrapped module or reaches a
 weight operand; other constants (tables a lowering made, such as an
 average-pool divisor) are *const*.
@@ -45,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax._src import source_info_util
 
+from ._errors import ConfigError
 from ._interpreter import Traced
 from ._layers import Layer, describe
 from ._macs import eqn_macs
@@ -211,7 +214,7 @@ class Graph:
     """The dataflow of one traced call (see the module docstring)."""
 
     def __init__(self, closed: jcore.ClosedJaxpr, leaves: list[Leaf] | None = None,
-                 names: dict | None = None, out_tree=None, stack=None):
+                 names: dict | None = None, out_tree=None, stack=None, params=None):
         self.closed, self.out_tree = closed, out_tree
         jaxpr = closed.jaxpr
         n_in = len(jaxpr.invars)
@@ -233,7 +236,7 @@ class Graph:
             v.is_output = True
         self.inputs = self.values[:n_in]
         self.consts = self.values[n_in : n_in + len(jaxpr.constvars)]
-        self.leaves = self._classify(leaves, closed.consts, names)
+        self.leaves = self._classify(leaves, closed.consts, names, params)
         self._propagate()
 
     # ------------------------------------------------------------ building
@@ -268,7 +271,7 @@ class Graph:
         self.ops.append(op)
         self._by_eqn[id(eqn)] = op
 
-    def _classify(self, leaves: list[Leaf], consts: list, names: dict) -> list[Leaf]:
+    def _classify(self, leaves: list[Leaf], consts: list, names: dict, override) -> list[Leaf]:
         """Decide each leaf's role from the dataflow (see the module docstring)."""
         weights = 0
         for op in self.ops:
@@ -282,7 +285,12 @@ class Graph:
             bit = 1 << i
             if i < n_in:
                 leaf = leaves[i]
-                is_param = bool(weights & bit) or (leaf.is_param and not data & bit)
+                if override is not None:
+                    is_param = override(leaf.path)
+                elif contradicted:  # the calling convention is wrong here: trust the dataflow
+                    is_param = not data & bit
+                else:
+                    is_param = bool(weights & bit) or (leaf.is_param and bool(value.consumers))
                 value.role = "param" if is_param else "input"
             else:
                 c = consts[i - n_in]
@@ -475,13 +483,26 @@ def _placeholder(x):
     return x
 
 
-def trace_graph(where: str, fn, args: tuple, kwargs: dict) -> Graph:
-    """Trace `fn(*args, **kwargs)` with `fn`'s own array leaves as inputs, into a `Graph`."""
+def trace_graph(where: str, fn, args: tuple, kwargs: dict, params=None) -> Graph:
+    """Trace `fn(*args, **kwargs)` with `fn`'s own array leaves as inputs, into a `Graph`.
+
+    `params` overrides which argument leaves are parameters: a predicate on a
+    leaf's path (`"args[0]['w']"`) or a collection of such paths.
+    """
     fn, args, buffer_keys = as_call(fn, args)
     fn, args, kwargs = jax.tree.map(_placeholder, (fn, args, kwargs))
     traced = Traced(where, _call, (fn, args, kwargs), {})
     leaves = input_leaves(fn, args, kwargs, buffer_keys)
-    return Graph(traced.jaxpr, leaves, closure_names(fn), traced.out_tree)
+    if params is not None and not callable(params):
+        paths = set(params)
+        unknown = paths - {leaf.path for leaf in leaves}
+        if unknown:
+            raise ConfigError(
+                f"{where}: params= names {', '.join(sorted(unknown))}, which are not array leaves of "
+                f"the arguments; leaves are {', '.join(leaf.path for leaf in leaves)}"
+            )
+        params = paths.__contains__
+    return Graph(traced.jaxpr, leaves, closure_names(fn), traced.out_tree, params=params)
 
 
 def graph(fn, *args, **kwargs) -> Graph:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ._geometry import ConvGeometry, DotGeometry, PoolGeometry
 from ._registry import facet, register
 
 
@@ -55,21 +56,19 @@ def scope_name(eqn) -> str:
 
 
 def _conv(eqn) -> Layer:
-    p = eqn.params
-    lhs_spec, rhs_spec, _ = p["dimension_numbers"]
-    lhs, rhs = (tuple(v.aval.shape) for v in eqn.invars)
+    g = ConvGeometry.of(eqn)
     return Layer(
-        kind=f"conv{len(lhs_spec) - 2}d",
+        kind=f"conv{len(g.window)}d",
         **layer_fields(eqn),
-        in_channels=lhs[lhs_spec[1]],
-        out_channels=rhs[rhs_spec[0]],
-        kernel_size=tuple(rhs[d] for d in rhs_spec[2:]),
-        stride=tuple(p["window_strides"]),
-        padding=tuple(tuple(pad) for pad in p["padding"]),
-        dilation=tuple(p["rhs_dilation"]),
-        lhs_dilation=tuple(p["lhs_dilation"]),
-        groups=p["feature_group_count"],
-        batch_groups=p["batch_group_count"],
+        in_channels=g.in_shape[1],
+        out_channels=g.w_shape[0],
+        kernel_size=g.window,
+        stride=g.stride,
+        padding=g.padding,
+        dilation=g.dilation,
+        lhs_dilation=g.lhs_dilation,
+        groups=g.groups,
+        batch_groups=g.batch_groups,
     )
 
 
@@ -86,11 +85,11 @@ def layer_fields(eqn) -> dict:
 
 def dense_weight_axis(eqn) -> int | None:
     """The contracting axis of the weight if `eqn` is `x @ w` with a 2-D weight, else None."""
-    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    g = DotGeometry.of(eqn)
     x, w = (v.aval for v in eqn.invars[:2])
-    if lb or rb or w.ndim != 2 or tuple(lc) != (x.ndim - 1,) or len(rc) != 1:
+    if g.lhs_batch or g.rhs_batch or w.ndim != 2 or g.lhs_contract != (x.ndim - 1,) or len(g.rhs_contract) != 1:
         return None
-    return rc[0]
+    return g.rhs_contract[0]
 
 
 def _describe_dot(eqn) -> Layer:
@@ -106,43 +105,15 @@ def _describe_dot(eqn) -> Layer:
     )
 
 
-def pool_axes(eqn) -> tuple[int, int] | None:
-    """The two spatial axes of a 4-D `reduce_window`: (2, 3) for NCHW, (1, 2) for NHWC."""
-    p = eqn.params
-    if eqn.invars[0].aval.ndim != 4:
-        return None
-    pooled = {
-        d
-        for d in range(4)
-        if p["window_dimensions"][d] != 1 or p["window_strides"][d] != 1 or p["padding"][d] != (0, 0)
-    }
-    for axes in ((2, 3), (1, 2)):
-        if pooled <= set(axes):
-            return axes
-    return None
-
-
-def pool_window(eqn) -> dict:
-    """Window, stride, padding and dilation of a 2-D pool along its spatial axes."""
-    p, axes = eqn.params, pool_axes(eqn)
-    return dict(
-        kernel_size=tuple(p["window_dimensions"][a] for a in axes),
-        stride=tuple(p["window_strides"][a] for a in axes),
-        padding=tuple(tuple(p["padding"][a]) for a in axes),
-        dilation=tuple(p["window_dilation"][a] for a in axes),
-        lhs_dilation=tuple(p["base_dilation"][a] for a in axes),
-    )
-
-
 def _describe_pool(kind: str):
     def describe(eqn) -> Layer:
-        axes = pool_axes(eqn)
-        if axes is None:
+        g = PoolGeometry.of(eqn)
+        if g is None:
             return Layer(kind=f"reduce_window_{kind}", **layer_fields(eqn))
-        channels = eqn.invars[0].aval.shape[1 if axes == (2, 3) else 3]
+        channels = eqn.invars[0].aval.shape[1 if g.axes == (2, 3) else 3]
         return Layer(
             kind=f"{kind}pool2d", **layer_fields(eqn), in_channels=channels, out_channels=channels,
-            **pool_window(eqn),
+            **g.fields(),
         )
 
     return describe

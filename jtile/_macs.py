@@ -1,4 +1,4 @@
-"""Multiply-accumulate counts per primitive: the one table `summary` reads.
+"""Multiply-accumulate counts per primitive, registered as each entry's `macs` facet.
 
 Each primitive maps to a category (grouped as ptflops groups its modules:
 conv, dense, pool, norm, activation, elementwise) and a rule giving the MACs
@@ -18,9 +18,9 @@ of one equation:
 | `cond`                            | its body's  | the most expensive branch                       |
 | `while`                           | its body's  | body + cond, counted once (trip count unknown)  |
 | `conv_bias_act`, `dense` (fusion) | conv, dense | as conv / dot, plus bias and activation         |
-| `ffi_call` to a `jtile.kernels`   | conv, dense,| as the op it implements (from the input and the |
-|   target                          | pool        | layer's geometry, whatever the weight's packing)|
-|                                   |             | plus its bias, residual and activation epilogue |
+| `ffi_call` to a `jtile.kernels`   | conv, dense,| as the layer it runs (registered by             |
+|   target                          | pool        | `jtile.kernels` beside the target), plus its    |
+|                                   |             | bias, residual and activation epilogue          |
 
 The norm category is given by `summary` to the arithmetic of a layer that
 computes `rsqrt`/`sqrt` without a conv or dot (batch, layer, group norm).
@@ -40,12 +40,13 @@ from collections.abc import Callable
 import jax.extend.core as jcore
 import numpy as np
 
+from ._geometry import ConvGeometry, DotGeometry
 from ._registry import facet, key, register
 
 CATEGORIES = ("conv", "dense", "pool", "norm", "activation", "elementwise")
 
 
-def _out_elements(eqn) -> int:
+def out_elements(eqn) -> int:
     return sum(math.prod(v.aval.shape) for v in eqn.outvars)
 
 
@@ -54,19 +55,15 @@ def _in_elements(eqn) -> int:
 
 
 def _conv(eqn) -> int:
-    rhs_spec = eqn.params["dimension_numbers"][1]
-    rhs = eqn.invars[1].aval.shape
-    return _out_elements(eqn) * math.prod(rhs) // rhs[rhs_spec[0]]
+    return ConvGeometry.of(eqn).macs
 
 
 def _dot(eqn) -> int:
-    (lhs_contract, _), _ = eqn.params["dimension_numbers"]
-    lhs = eqn.invars[0].aval.shape
-    return _out_elements(eqn) * math.prod(lhs[d] for d in lhs_contract)
+    return DotGeometry.of(eqn).macs
 
 
 def _window(eqn) -> int:
-    return _out_elements(eqn) * math.prod(eqn.params["window_dimensions"])
+    return out_elements(eqn) * math.prod(eqn.params["window_dimensions"])
 
 
 def _is_scalar(v) -> bool:
@@ -75,7 +72,7 @@ def _is_scalar(v) -> bool:
 
 def _max_min(eqn) -> Counter:
     kind = "activation" if any(_is_scalar(v) for v in eqn.invars) else "elementwise"
-    return Counter({kind: _out_elements(eqn)})
+    return Counter({kind: out_elements(eqn)})
 
 
 _RULES: dict[str, tuple[str, Callable]] = {  # registered below, one entry each
@@ -88,10 +85,10 @@ _RULES: dict[str, tuple[str, Callable]] = {  # registered below, one entry each
         "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and",
         "reduce_or", "argmax", "argmin", "cumsum", "cummax", "cumlogsumexp",
     )},
-    **{p: ("activation", _out_elements) for p in (
+    **{p: ("activation", out_elements) for p in (
         "logistic", "tanh", "erf", "erfc", "clamp",
     )},
-    **{p: ("elementwise", _out_elements) for p in (
+    **{p: ("elementwise", out_elements) for p in (
         "add", "add_any", "sub", "mul", "div", "rem", "neg", "abs", "sign", "pow",
         "integer_pow", "square", "sqrt", "rsqrt", "cbrt", "exp", "exp2", "expm1",
         "log", "log1p", "sin", "cos", "tan", "atan2", "asin", "acos", "atan", "sinh",
@@ -126,54 +123,15 @@ def _control_flow(eqn, bodies: list[tuple[Counter, set]]) -> tuple[Counter, set]
     return sum((c for c, _ in bodies), Counter()), uncounted  # while: body + cond, once
 
 
-def _epilogue(eqn, adds: int, activation) -> Counter:
+def epilogue(eqn, adds: int, activation) -> Counter:
     """The bias and residual adds and the activation a fused op or kernel applies to its output."""
-    out = _out_elements(eqn)
+    out = out_elements(eqn)
     return Counter({"elementwise": out * adds, "activation": out if activation else 0})
 
 
 def _fused(eqn) -> Counter:
     kind, rule = _RULES["conv_general_dilated" if eqn.primitive.name == "conv_bias_act" else "dot_general"]
-    return Counter({kind: rule(eqn)}) + _epilogue(eqn, len(eqn.invars) - 2, eqn.params["activation"])
-
-
-def _attribute(eqn, name: str) -> np.ndarray | None:
-    """An FFI call's array attribute (stored as a HashableArray), or None."""
-    value = dict(eqn.params["attributes"] or ()).get(name)
-    return None if value is None else np.asarray(getattr(value, "val", value))
-
-
-def _kernel_conv(eqn) -> int:
-    """Output elements x input channels per group x window: the weight may be
-    OIHW or packed for the GEMM ("kernel" attribute [O, KH, KW]), so the
-    window comes from the attributes when they carry it."""
-    groups = int(_attribute(eqn, "conv")[8])  # stride, pads, dilation, groups
-    kernel = _attribute(eqn, "kernel")
-    window = kernel[1:] if kernel is not None else eqn.invars[1].aval.shape[2:]
-    return _out_elements(eqn) * eqn.invars[0].aval.shape[1] // groups * math.prod(int(k) for k in window)
-
-
-def _kernel_pool(eqn) -> int:
-    window = _attribute(eqn, "pool")[:2]  # window h, w, stride h, w, pads
-    return _out_elements(eqn) * int(np.prod(window))
-
-
-_KERNELS: dict[str, tuple[str, Callable]] = {  # jtile.kernels FFI targets (x NCHW, x (M, K))
-    "jtile_dense": ("dense", lambda eqn: _out_elements(eqn) * eqn.invars[0].aval.shape[1]),
-    "jtile_max_pool2d": ("pool", _kernel_pool),
-    "jtile_avg_pool2d": ("pool", _kernel_pool),
-    "jtile_global_avg_pool2d": ("pool", _in_elements),
-}
-
-
-def _kernel(kind: str, rule: Callable) -> Callable:
-    def macs(eqn) -> Counter:
-        attributes = dict(eqn.params["attributes"] or ())
-        # (x, weight[, bias[, residual]]); an empty residual buffer is none.
-        epilogue = [v for v in eqn.invars[2:4] if math.prod(v.aval.shape)] if kind in ("conv", "dense") else []
-        return Counter({kind: rule(eqn)}) + _epilogue(eqn, len(epilogue), attributes.get("activation"))
-
-    return macs
+    return Counter({kind: rule(eqn)}) + epilogue(eqn, len(eqn.invars) - 2, eqn.params["activation"])
 
 
 def _counted(kind: str, rule: Callable) -> Callable:
@@ -190,10 +148,6 @@ for _name in ("max", "min"):
     register(_name, macs=_max_min)
 for _name in ("conv_bias_act", "dense"):
     register(_name, macs=_fused)
-for _target in ("jtile_conv_direct", "jtile_conv_smm", "jtile_conv_winograd", "jtile_conv_depthwise"):
-    register(f"ffi_call:{_target}", macs=_kernel("conv", _kernel_conv), weights=(1, 2), activations=(0, 3))
-for _target, (_kind, _rule) in _KERNELS.items():
-    register(f"ffi_call:{_target}", macs=_kernel(_kind, _rule))
 
 
 def eqn_macs(eqn, bodies: list[tuple[Counter, set]] = ()) -> tuple[Counter, set[str]]:

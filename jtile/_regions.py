@@ -18,6 +18,8 @@ that touches a border keeps the padding on that side only.
 
 import dataclasses
 
+import numpy as np
+
 
 @dataclasses.dataclass(frozen=True)
 class Window:
@@ -90,20 +92,40 @@ def split(extent: int, tiles: int) -> list[Window]:
     return [Window(a, b) for a, b in zip(bounds, bounds[1:])]
 
 
-def conv_axis(eqn, spatial: int) -> SlidingWindow:
-    """The `SlidingWindow` of a `conv_general_dilated` along spatial dim `spatial`."""
+def adaptive(extent: int, out: int) -> list[Window]:
+    """PyTorch's adaptive-pool windows: window i is `[floor(i*n/out), ceil((i+1)*n/out))`."""
+    return [Window(i * extent // out, -(-(i + 1) * extent // out)) for i in range(out)]
+
+
+def centered(size: int) -> tuple[int, int]:
+    """(lo, hi) padding that centres a window of `size` on each element (ONNX LRN's)."""
+    return (size - 1) // 2, size // 2
+
+
+def window_counts(sliding: SlidingWindow, out_size: int, include_pad: bool) -> "np.ndarray":
+    """Per output position, how many taps of the window land on the input (or on
+    the input and its explicit padding, with `include_pad`): an average pool's
+    divisor along one axis."""
+    taps = (np.arange(out_size) * sliding.stride - sliding.pad_lo)[:, None]
+    taps = taps + np.arange(sliding.window)[None, :] * sliding.dilation
+    lo, hi = (-sliding.pad_lo, sliding.in_size + sliding.pad_hi) if include_pad else (0, sliding.in_size)
+    return ((taps >= lo) & (taps < hi)).sum(axis=1)
+
+
+def pool_axes(eqn) -> tuple[int, int] | None:
+    """The two spatial axes of a 4-D `reduce_window`: (2, 3) for NCHW, (1, 2) for NHWC."""
     p = eqn.params
-    lhs_spec, rhs_spec, _ = p["dimension_numbers"]
-    lhs, rhs = (v.aval.shape for v in eqn.invars[:2])
-    pad_lo, pad_hi = p["padding"][spatial]
-    return SlidingWindow(
-        in_size=lhs[lhs_spec[2 + spatial]],
-        window=rhs[rhs_spec[2 + spatial]],
-        stride=p["window_strides"][spatial],
-        pad_lo=pad_lo,
-        pad_hi=pad_hi,
-        dilation=p["rhs_dilation"][spatial],
-    )
+    if eqn.invars[0].aval.ndim != 4:
+        return None
+    pooled = {
+        d
+        for d in range(4)
+        if p["window_dimensions"][d] != 1 or p["window_strides"][d] != 1 or p["padding"][d] != (0, 0)
+    }
+    for axes in ((2, 3), (1, 2)):
+        if pooled <= set(axes):
+            return axes
+    return None
 
 
 # ------------------------------------------------ stripes held one per device (jtile.sharding)

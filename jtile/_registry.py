@@ -4,6 +4,8 @@ One `OpEntry` per JAX primitive, per jtile fused op (`conv_bias_act`,
 `dense`) and per jtile kernel target (`ffi_call:jtile_conv_smm`, ...). Its
 facets, each optional:
 
+- `geometry(eqn)`: its shapes and windows parsed once (`jtile._geometry`:
+  `ConvGeometry`, `DotGeometry`, `PoolGeometry`), which the other facets read;
 - `macs(eqn) -> Counter`: multiply-accumulates by category (conv, dense,
   pool, norm, activation, elementwise); a layout op counts an empty Counter;
 - `describe(eqn) -> jtile.Layer`: the layer a selector or `select=` sees;
@@ -28,7 +30,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-FACETS = ("macs", "describe", "region", "onnx", "weights", "activations")
+FACETS = ("geometry", "macs", "describe", "region", "onnx", "weights", "activations")
 
 
 @dataclasses.dataclass
@@ -36,6 +38,7 @@ class OpEntry:
     """Every fact jtile has about one op (see the module docstring)."""
 
     name: str
+    geometry: Callable | None = None
     macs: Callable | None = None
     describe: Callable | None = None
     region: Any = None

@@ -22,6 +22,7 @@ from jax import lax
 
 from . import _regions
 from ._errors import ConfigError, UnsupportedError, reject_unknown, require_positive_int
+from ._geometry import ConvGeometry
 from ._graph import Graph
 from ._interpreter import bind, transform
 from ._layers import Layer
@@ -65,7 +66,7 @@ def _tile_one_conv(eqn, lhs, rhs, *epilogue, spatial: int, tiles: int):
     its residual is sliced like the output), concatenated."""
     lhs_spec, _, out_spec = eqn.params["dimension_numbers"]
     in_axis, out_axis = lhs_spec[2 + spatial], out_spec[2 + spatial]
-    sliding = _regions.conv_axis(eqn, spatial)
+    sliding = ConvGeometry.of(eqn).axis(spatial)
     params = eqn.primitive.get_bind_params(eqn.params)
     stripes = []
     for window in _regions.split(sliding.out_size, tiles):

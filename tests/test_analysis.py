@@ -306,3 +306,61 @@ def test_intercept_select_by_predicate_or_names(getkey):
         intercept(_block, params, x, select={"nope"})
     with pytest.raises(jtile.ConfigError, match="ShapeDtypeStruct"):
         intercept(_block, params, _sds(2, 3, 6, 6))
+
+
+def _light_with_initializers(name: str):
+    """A light model-zoo graph with its ConstantOfShape weights turned into
+    initializers, and the element count of the initializers its nodes read as
+    data (the reference: every initializer but a Reshape's target shape)."""
+    model = onnx.load(os.path.join(os.path.dirname(onnx.__file__), "backend/test/data/light", name))
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    nodes, weights, shapes = [], [], set()
+    for node in model.graph.node:
+        if node.op_type != "ConstantOfShape":
+            nodes.append(node)
+            continue
+        value = numpy_helper.to_array(node.attribute[0].t).reshape(())
+        shapes.add(node.input[0])
+        weights.append(numpy_helper.from_array(np.full(inits.pop(node.input[0]), value), node.output[0]))
+    kept = [t for t in model.graph.initializer if t.name in inits]
+    inputs = [i for i in model.graph.input if i.name not in shapes | {w.name for w in weights}]
+    for field, items in ((model.graph.node, nodes), (model.graph.initializer, kept + weights),
+                         (model.graph.input, inputs)):
+        del field[:]
+        field.extend(items)
+    model.ir_version = max(model.ir_version, 4)  # initializers need not be graph inputs
+    read = {name for node in nodes for i, name in enumerate(node.input) if (node.op_type, i) != ("Reshape", 1)}
+    return jtile.onnx.load(model), sum(int(np.prod(w.dims)) for w in weights + kept if w.name in read)
+
+
+@pytest.mark.parametrize("name, expected", [("light_resnet50.onnx", 25_610_152), ("light_densenet121.onnx", None)])
+def test_onnx_params_are_exactly_the_initializers(name, expected):
+    """No lowering constant (an average-pool divisor table) counts as a parameter."""
+    model, count = _light_with_initializers(name)
+    s = summary(model, jax.ShapeDtypeStruct((1, 3, 224, 224), jnp.float32))
+    assert s.total_params == count == (expected or count)
+
+
+def test_conv_weight_is_a_param_in_any_argument_position(getkey):
+    x, w, b = jnp.ones((2, 8, 10, 20)), jnp.ones((16, 8, 3, 3)), jnp.ones((1, 16, 1, 1))
+
+    def f(x, w, b):
+        return jax.nn.relu(lax.conv_general_dilated(x, w, (1, 1), "SAME") + b)
+
+    s = summary(f, x, w, b)
+    assert (s.total_params, s.input_bytes) == (w.size + b.size, x.nbytes)
+    s = summary(f, x, w, b, params={"args[1]"})
+    assert (s.total_params, s.input_bytes) == (w.size, x.nbytes + b.nbytes)
+    with pytest.raises(jtile.ConfigError, match="params= names args\\[7\\]"):
+        summary(f, x, w, b, params={"args[7]"})
+
+
+def test_type_column_shows_what_the_model_calls_each_layer():
+    model = jtile.models.get("resnet18", jax.random.key(0))
+    s = summary(model, jax.ShapeDtypeStruct((1, 3, 64, 64), jnp.float32))
+    types = {layer.name: layer.type for layer in s.layers}
+    assert (types["conv1"], types["bn1"], types["relu"], types["maxpool"], types["fc"]) == (
+        "Conv2d", "BatchNorm2d", "ReLU", "MaxPool2d", "Linear")
+    assert "BatchNorm2d" in str(s).splitlines()[4]
+    s = summary(jtile.onnx.load(os.path.join(LIGHT, "light_resnet50.onnx")), jax.ShapeDtypeStruct((1, 3, 224, 224), jnp.float32))
+    assert {layer.type for layer in s.layers} >= {"Conv", "BatchNormalization", "Relu", "Gemm"}

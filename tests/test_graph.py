@@ -86,3 +86,20 @@ def test_control_flow_is_one_op_with_subgraphs():
     (scan,) = [op for op in g.ops if op.primitive == "scan"]
     body = [op.primitive for op in scan.subgraphs[0].ops]
     assert "sin" in body and "add" in body and "scan" not in [op.primitive for op in g.ops[1:]]
+
+
+def test_a_swapped_layer_is_still_a_conv2d(getkey):
+    params = {"w": jax.random.normal(getkey(), (8, 3, 3, 3))}
+    x = jax.random.normal(getkey(), (1, 3, 16, 16))
+
+    def f(p, x):
+        with jax.named_scope("conv1"):
+            return jax.nn.relu(_conv(x, p["w"]))
+
+    swapped = jtile.swap_backend(f, {"conv2d": "smm"})
+    (op,) = [op for op in jtile.graph(swapped, params, x).ops if op.primitive == "ffi_call"]
+    layer = op.layer()
+    assert (layer.kind, layer.kernel_size, layer.stride, layer.padding) == ("conv2d", (3, 3), (1, 1), ((1, 1), (1, 1)))
+    assert op.macs["conv"] == 16 * 16 * 8 * 3 * 9
+    _, acts = jtile.intercept(swapped, params, x, select=lambda layer: layer.kind == "conv2d")
+    assert list(acts) == ["conv1"]

@@ -13,7 +13,7 @@ def test_facet_table(capsys):
         for name, entry in sorted(table.items()):
             print(f"{name:<{width}}  {' '.join(entry.facets())}")
     conv = table["conv_general_dilated"].facets()
-    assert {"macs", "describe", "onnx", "weights", "activations"} <= set(conv)
+    assert {"geometry", "macs", "describe", "onnx", "weights", "activations"} <= set(conv)
     assert {"macs", "describe", "onnx"} <= set(table["conv_bias_act"].facets())
     assert "macs" in table["ffi_call:jtile_conv_smm"].facets()
     assert all(e.facets() for e in table.values())

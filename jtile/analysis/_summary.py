@@ -23,6 +23,7 @@ import json
 from collections import Counter
 from collections.abc import Callable
 
+import jax
 import numpy as np
 
 from .._errors import require_positive_int
@@ -38,6 +39,7 @@ class LayerCost:
 
     name: str
     kind: str
+    type: str
     ops: tuple[str, ...]
     output_shapes: tuple[tuple[int, ...], ...]
     params: int
@@ -120,11 +122,12 @@ def _popcount_size(mask: int, graph: Graph) -> int:
     return sum(graph.leaves[i].size for i in bits(mask))
 
 
-def _cost(row: LayerGroup, index: int, graph: Graph) -> LayerCost:
+def _cost(row: LayerGroup, index: int, graph: Graph, types: dict[str, str]) -> LayerCost:
     owned = row.params
     return LayerCost(
         name=row.name,
         kind=row.kind,
+        type=types.get(row.name, ",".join(row.op_names)),
         ops=tuple(row.op_names),
         output_shapes=tuple(tuple(v.aval.shape) for v in row.outputs),
         params=_popcount_size(owned, graph),
@@ -147,6 +150,33 @@ def _parameters(graph: Graph, rows: list[LayerGroup]) -> tuple[Parameter, ...]:
     )
 
 
+def layer_types(fn) -> dict[str, str]:
+    """`{layer name: its type}` where the model says it: an ONNX node's op type,
+    a zoo module's class (`Conv2d`, `BatchNorm2d`, `ReLU`). Other layers show
+    their primitives."""
+    import equinox as eqx
+
+    from ..onnx import OnnxModel
+
+    while hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    fn = getattr(fn, "__self__", fn)
+    if isinstance(fn, OnnxModel):
+        nodes = fn.proto.graph.node  # unnamed nodes are scoped as the importer names them
+        return {node.name or f"{node.op_type}_{i}": node.op_type for i, node in enumerate(nodes)}
+    named = lambda x: isinstance(x, eqx.Module) and isinstance(getattr(x, "name", None), str)  # noqa: E731
+    types = {}
+
+    def visit(tree):
+        for m in jax.tree.leaves(tree, is_leaf=lambda x: named(x) and x is not tree):
+            if named(m):
+                types.setdefault(m.name, type(m).__name__)
+                visit(m)
+
+    visit(fn)
+    return types
+
+
 def _untransformed(fn: Callable) -> Callable | None:
     """The function a stack of jtile transforms wraps, or None if `fn` is not one."""
     if not hasattr(fn, "__jtile_cache__"):
@@ -156,19 +186,22 @@ def _untransformed(fn: Callable) -> Callable | None:
     return fn
 
 
-def summary(fn: Callable, *args, depth: int | None = None, **kwargs) -> Summary:
+def summary(fn: Callable, *args, depth: int | None = None, params=None, **kwargs) -> Summary:
     """The parameters, MACs, memory and bandwidth of `fn(*args, **kwargs)`.
 
     Arguments may be arrays or `jax.ShapeDtypeStruct`s (from `jax.eval_shape`);
     nothing is computed. A function closing over its weights (a jtile transform
     of a module, say) needs them as arrays, since its closure is called.
     `depth` cuts layer names to that many scope components, as torchinfo's
-    depth does. Which leaves count as parameters, and which are trainable, is
-    described in `jtile.analysis._roles`.
+    depth does. Which leaves count as parameters is decided by `jtile.Graph`
+    (the calling convention, corrected by the dataflow: a conv weight is a
+    parameter whatever its argument position; constants a lowering made are
+    not parameters); `params=` overrides it with a predicate on a leaf's path
+    (`"args[1]['w']"`) or a collection of paths.
     """
     if depth is not None:
         require_positive_int("jtile.summary", "depth", depth)
-    graph = trace_graph("jtile.summary", fn, args, kwargs)
+    graph = trace_graph("jtile.summary", fn, args, kwargs, params=params)
     leaf_rows = graph.layers()
     rows = leaf_rows if depth is None else graph.layers(depth)
     macs = sum((r.macs for r in leaf_rows), Counter())
@@ -176,12 +209,12 @@ def summary(fn: Callable, *args, depth: int | None = None, **kwargs) -> Summary:
     traffic = [(r.input_bytes + r.output_bytes, r.name) for r in computing] or [(0, "")]
     base = _untransformed(fn)
     return Summary(
-        layers=tuple(_cost(r, i, graph) for i, r in enumerate(rows)),
+        layers=tuple(_cost(r, i, graph, layer_types(fn)) for i, r in enumerate(rows)),
         parameters=_parameters(graph, leaf_rows),
         total_params=sum(leaf.size for leaf in graph.leaves if leaf.is_param),
         trainable_params=_popcount_size(graph.trainable, graph),
         weight_bytes=sum(leaf.nbytes for leaf in graph.leaves if leaf.is_param),
-        input_bytes=sum(v.nbytes for v in graph.inputs if v.role == "input"),
+        input_bytes=sum(v.nbytes for v in graph.inputs if v.role == "input" and v.consumers),
         macs_by_category={k: macs.get(k, 0) for k in CATEGORIES},
         activation_bytes=sum(v.nbytes for r in computing for v in r.outputs if v.data),
         peak_bandwidth_bytes=max(traffic)[0],
@@ -227,13 +260,13 @@ def _fit(text: str, width: int, keep_end: bool = False) -> str:
 
 def _render(s: Summary) -> str:
     name_w = min(max([len(r.name) for r in s.layers] + [5]), 56)
-    head = f"{'Layer':<{name_w}}  {'Op(s)':<22}  {'Output shape':<22}  {'Params':>12}  {'MACs':>16}"
+    head = f"{'Layer':<{name_w}}  {'Type':<22}  {'Output shape':<22}  {'Params':>12}  {'MACs':>16}"
     rule = "=" * len(head)
     lines = [rule, head, rule]
     for r in s.layers:
         params = f"{r.params:,}" if r.params else "--"
         lines.append(
-            f"{_fit(r.name, name_w, keep_end=True):<{name_w}}  {_fit(','.join(r.ops), 22):<22}  "
+            f"{_fit(r.name, name_w, keep_end=True):<{name_w}}  {_fit(r.type, 22):<22}  "
             f"{_fit(_shape(r.output_shapes), 22):<22}  {params:>12}  {r.macs:>16,}"
         )
     by_cat = ", ".join(f"{k} {_si(v)}" for k, v in s.macs_by_category.items() if v)

@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     def apply(model, x):
         return model(x)
 
-    tiled = tile_conv(apply, axis=axis, tiles=args.tiles)
+    tiled = tile_conv(apply, axis=axis, tiles=args.tiles, strict=True)
     with _step("compiling and running the original"):
         expected = np.asarray(eqx.filter_jit(apply)(model, x))
     with _step("tiling, compiling and running"):

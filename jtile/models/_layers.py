@@ -30,7 +30,7 @@ from jax import lax
 
 from .._errors import ConfigError
 from .._interpreter import is_known
-from .._regions import SlidingWindow
+from .._regions import SlidingWindow, adaptive
 
 _NCHW = ("NCHW", "OIHW", "NCHW")
 
@@ -205,12 +205,10 @@ class MaxPool2d(eqx.Module):
         self.padding, self.ceil_mode, self.name = _pair(padding), ceil_mode, name
 
     def _pads(self, size: int, k: int, s: int, p: int) -> tuple[int, int]:
-        out = _window_out(self.name, size, k, s, p, p)
-        rest = (size + 2 * p - k) % s
-        # ceil_mode: torch adds a last, partial window if it starts before the right pad
-        if self.ceil_mode and rest and out * s < size + p:
-            return p, p + s - rest
-        return p, p
+        _window_out(self.name, size, k, s, p, p)
+        window = SlidingWindow(size, k, s, p, p)
+        window = window.ceil_mode() if self.ceil_mode else window
+        return window.pad_lo, window.pad_hi
 
     @_scoped
     def __call__(self, x):
@@ -246,10 +244,9 @@ class AvgPool2d(eqx.Module):
 
 
 def _adaptive_mean(x, axis: int, out: int):
-    """torch's adaptive average along `axis`: window i is [floor(i*n/out), ceil((i+1)*n/out))."""
-    n = x.shape[axis]
-    windows = [(i * n // out, -(-(i + 1) * n // out)) for i in range(out)]
-    parts = [jnp.mean(lax.slice_in_dim(x, a, b, axis=axis), axis, keepdims=True) for a, b in windows]
+    """torch's adaptive average along `axis` (windows from `_regions.adaptive`)."""
+    windows = adaptive(x.shape[axis], out)
+    parts = [jnp.mean(lax.slice_in_dim(x, w.start, w.stop, axis=axis), axis, keepdims=True) for w in windows]
     return jnp.concatenate(parts, axis)
 
 

@@ -14,6 +14,7 @@ import numpy as np
 from onnx import helper
 
 from .._errors import OnnxError
+from .._geometry import ConvGeometry, DotGeometry
 from .._registry import register
 
 
@@ -165,12 +166,10 @@ def _split(g, eqn, x):
 
 def dot(g, eqn, lhs: str, rhs: str) -> str:
     """`dot_general` as transposes, reshapes and one batched `MatMul`."""
-    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    geo = DotGeometry.of(eqn)
     ls, rs = _in_shape(eqn, 0), _in_shape(eqn, 1)
-    lf = [d for d in range(len(ls)) if d not in lc and d not in lb]
-    rf = [d for d in range(len(rs)) if d not in rc and d not in rb]
-    batch = [ls[d] for d in lb]
-    m, k, n = (math.prod(s[d] for d in ds) for s, ds in ((ls, lf), (ls, lc), (rs, rf)))
+    lb, lc, lf, rb, rc, rf = geo.lhs_batch, geo.lhs_contract, geo.lhs_free, geo.rhs_batch, geo.rhs_contract, geo.rhs_free
+    batch, (m, k, n) = [ls[d] for d in lb], (geo.m, geo.k, geo.n)
     dtype = _out(eqn).dtype
     x = _transpose(g, _cast(g, lhs, eqn.invars[0].aval.dtype, dtype), [*lb, *lf, *lc])
     x = _reshape(g, x, [*batch, *(ls[d] for d in lf), *(ls[d] for d in lc)], [*batch, m, k])
@@ -182,25 +181,23 @@ def dot(g, eqn, lhs: str, rhs: str) -> str:
 
 def conv(g, eqn, x: str, w: str, bias: str | None = None) -> str:
     """`conv_general_dilated` as an ONNX `Conv` in NCHW / OIHW, transposed back."""
-    p = eqn.params
-    lhs_spec, rhs_spec, out_spec = p["dimension_numbers"]
-    if any(d != 1 for d in p["lhs_dilation"]) or p["batch_group_count"] != 1:
+    geo = ConvGeometry.of(eqn)
+    if any(d != 1 for d in geo.lhs_dilation) or geo.batch_groups != 1:
         _fail(eqn, "input dilation (transposed conv) and batch groups have no ONNX Conv mapping")
-    if any(lo < 0 or hi < 0 for lo, hi in p["padding"]):
+    if any(lo < 0 or hi < 0 for lo, hi in geo.padding):
         _fail(eqn, "negative conv padding has no ONNX Conv mapping")
     dtype = _out(eqn).dtype
-    x = _transpose(g, _cast(g, x, eqn.invars[0].aval.dtype, dtype), lhs_spec)
-    w = _transpose(g, _cast(g, w, eqn.invars[1].aval.dtype, dtype), rhs_spec)
-    rhs_shape = _in_shape(eqn, 1)
+    x = _transpose(g, _cast(g, x, eqn.invars[0].aval.dtype, dtype), geo.lhs_spec)
+    w = _transpose(g, _cast(g, w, eqn.invars[1].aval.dtype, dtype), geo.rhs_spec)
     y = g.node(
         "Conv", [x, w] + ([bias] if bias else []),
-        strides=list(p["window_strides"]),
-        pads=[lo for lo, _ in p["padding"]] + [hi for _, hi in p["padding"]],
-        dilations=list(p["rhs_dilation"]),
-        group=int(p["feature_group_count"]),
-        kernel_shape=[rhs_shape[d] for d in rhs_spec[2:]],
+        strides=list(geo.stride),
+        pads=[lo for lo, _ in geo.padding] + [hi for _, hi in geo.padding],
+        dilations=list(geo.dilation),
+        group=int(geo.groups),
+        kernel_shape=list(geo.window),
     )
-    return _transpose(g, y, _inverse(out_spec))
+    return _transpose(g, y, _inverse(geo.out_spec))
 
 
 def _pool(op: str):

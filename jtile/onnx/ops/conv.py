@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..._regions import SlidingWindow
+from ..._regions import SlidingWindow, window_counts
 from . import jax_dtype, register
 
 
@@ -184,9 +184,7 @@ def average_pool(node, x):
     include = node.attr("count_include_pad", 0)
     count = np.ones((), np.int64)
     for i, k, s, d, (lo, hi), n in zip(np.shape(x)[2:], kernel, strides, dilations, pads, np.shape(total)[2:]):
-        taps = (np.arange(n) * s - lo)[:, None] + np.arange(k)[None, :] * d
-        inside = (taps >= -lo) & (taps < i + hi) if include else (taps >= 0) & (taps < i)
-        count = np.multiply.outer(count, inside.sum(axis=1))
+        count = np.multiply.outer(count, window_counts(SlidingWindow(i, k, s, lo, hi, d), n, include))
     return total / count.astype(x.dtype)
 
 

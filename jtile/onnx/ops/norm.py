@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ..._regions import centered
 from . import register
 
 
@@ -48,7 +49,7 @@ def lrn(node, x):
     alpha, beta, bias = node.attr("alpha", 1e-4), node.attr("beta", 0.75), node.attr("bias", 1.0)
     rank = np.ndim(x)
     window = (1, size) + (1,) * (rank - 2)
-    pads = ((0, 0), ((size - 1) // 2, size // 2)) + ((0, 0),) * (rank - 2)
+    pads = ((0, 0), centered(size)) + ((0, 0),) * (rank - 2)
     square_sum = lax.reduce_window(x * x, np.zeros((), x.dtype), lax.add, window, (1,) * rank, pads)
     scale = np.asarray(bias, x.dtype) + np.asarray(alpha / size, x.dtype) * square_sum
     return x / scale ** np.asarray(beta, x.dtype)
