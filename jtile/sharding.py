@@ -45,6 +45,7 @@ from . import _regions
 from ._errors import ConfigError, UnsupportedError, reject_unknown
 from ._graph import Graph
 from ._interpreter import bind, transform
+from ._registry import facet
 
 _AXIS_NAMES = {"W": -1, "H": -2, "D": -3}
 _HALOS = ("auto", "ppermute", "xla")
@@ -213,9 +214,12 @@ def _conv_check(eqn, layout):
 
 
 def _pool_layouts(eqn, axis, known):
-    rank = len(eqn.invars[0].aval.shape)
-    layout = known or (_Layout(rank + _AXIS_NAMES[axis], 0) if rank + _AXIS_NAMES[axis] >= 0 else None)
-    return layout and (layout, layout)
+    """A pool follows its input's layout; one that reads the function's input
+    pools its spatial axes (NCHW or NHWC) with the batch first."""
+    axes = _regions.pool_axes(eqn)
+    if known is None and axes is not None:
+        known = _Layout(axes[len(axes) + _AXIS_NAMES[axis]], 0) if len(axes) + _AXIS_NAMES[axis] >= 0 else None
+    return known and (known, known)
 
 
 def _pool_padding(params, layout, pad, eqn):
@@ -244,7 +248,7 @@ def _extreme(sign: int):
 
 _WINDOWS = {
     "conv_general_dilated": _Window(
-        _conv_layouts, lambda eqn, lay: _regions.conv_axis(eqn, _conv_spatial(eqn, lay)), _conv_padding,
+        _conv_layouts, lambda eqn, lay: facet(eqn, "geometry")(eqn).axis(_conv_spatial(eqn, lay)), _conv_padding,
         lambda eqn: 0, _conv_check, linear=True,
     ),
     **{
@@ -614,4 +618,6 @@ def shard_spatial(
     config = _config(mesh, axis, mesh_axis, batch_axis, halo)
     if fn is None:
         return lambda f: shard_spatial(f, mesh=mesh, axis=axis, mesh_axis=mesh_axis, batch_axis=batch_axis, halo=halo)
-    return transform(fn, "shard_spatial", lambda closed: _rules(closed, config))
+    order = "shard_spatial partitions lax convolutions and pools; apply it to the function before {}"
+    return transform(fn, "shard_spatial", lambda closed: _rules(closed, config), refuse={
+        name: order.format(name) for name in ("swap_backend", "conv_bias_act", "tile_conv")})

@@ -290,3 +290,23 @@ def test_demo_devices_shards_the_tutorial_over_host_devices_and_prints_collectiv
     unsharded, sharded = map(int, rows["output"])
     assert sharded == unsharded // 4  # each device holds a quarter of the output rows
     assert "OK: sharded outputs match" in out
+
+
+def test_refuses_to_follow_transforms_that_hide_or_split_the_convs():
+    fn, model, x = _tutorial()
+    mesh = jax.make_mesh((1,), ("x",))
+    with pytest.raises(jtile.ConfigError, match="already transformed by swap_backend: shard_spatial partitions"):
+        jtile.shard_spatial(jtile.swap_backend(fn, {"conv2d": "smm"}), mesh=mesh)
+    with pytest.raises(jtile.ConfigError, match="already transformed by tile_conv"):
+        jtile.shard_spatial(jtile.tile_conv(fn, axis="H", tiles=2), mesh=mesh)
+
+
+def test_a_pool_reading_nhwc_input_shards_its_height(tree_allclose):
+    def f(x):
+        return lax.reduce_window(x, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 2, 2, 1), ((0, 0), (1, 1), (1, 1), (0, 0)))
+
+    x = jax.random.normal(jax.random.key(0), (2, 9, 11, 3))
+    sharded = jtile.shard_spatial(f, mesh=jax.make_mesh((1,), ("x",)), halo="ppermute")
+    text = str(jax.make_jaxpr(sharded)(x))
+    assert "P(None, 'x', None, None)" in text  # dim 1 (H of NHWC) is split, not W
+    assert tree_allclose(jax.jit(sharded)(x), f(x))
