@@ -8,18 +8,20 @@ spatial axis over one mesh axis (and optionally along the batch over
 another). XLA's SPMD partitioner then runs each layer on stripes and swaps
 the border rows (halos) neighbours need with `collective-permute`.
 
-Where XLA's partitioner would all-gather a layer's whole input instead (odd
-sizes, unpadded windows, strides that do not line up with the stripes), jtile
-does the exchange itself: a `shard_map` per layer receives its stripe, gets
-the `halo.lo` / `halo.hi` rows it needs from its neighbours with
-`lax.ppermute` (sizes from `jtile._regions.stripe_halo`), pads at the global
-border only, and runs the layer. Which layers need it is decided by asking
-XLA: each layer is compiled alone with its shardings and its HLO inspected
-(`collectives`).
+Where XLA's partitioner would all-gather a layer's input instead, jtile does
+the exchange itself: a `shard_map` per layer receives its stripe, gets the
+rows it needs from its neighbours with `lax.ppermute` (sizes from
+`jtile._regions.stripe_halo`), pads at the global border only, and runs the
+layer. Which layers need it is decided by asking XLA: the block's layers are
+compiled alone with their shardings and the HLO inspected (`collectives`).
+`halo="ppermute"` takes jtile's exchange everywhere: a conv or sum pool on
+evenly split stripes then runs on the stripe itself and adds the halo rows'
+contribution to its border rows, so no haloed copy of the stripe is made
+(XLA's partitioner makes one per layer).
 
-The block ends where the spatial axis does: a reduction over it (global
-pooling, a mean) or a flattening reshape reads the sharded activation and XLA
-combines the stripes there.
+The block ends where the spatial axis does: a global pool reduces each stripe
+and XLA adds the partial results (an all-reduce); a reduction over the axis or
+a flattening reshape reads the sharded activation and XLA combines it there.
 
 !!! warning
 
@@ -371,13 +373,21 @@ def _propagate(graph, layouts: dict) -> None:
                     changed = True
 
 
+def _keeps_dim(op, dim: int) -> bool:
+    """Whether a reshape keeps input dim `dim` as one of its output dims."""
+    shape, out = op.ins[0].shape, op.outs[0].shape
+    before = int(np.prod(shape[:dim]))
+    prefixes = {int(np.prod(out[:k])): k for k in range(len(out))}
+    return before in prefixes and out[prefixes[before]] == shape[dim]
+
+
 def _check_exits(graph, plan: _Plan, config: _Config) -> None:
     """Every reader of a sharded value is partitioned, or ends the block."""
     for value, lay in plan.layouts.items():
         for op in value.consumers:
             if op in plan.windows or value in _same_layout_values(op, plan.layouts):
                 continue
-            if op.primitive in _WINDOWS or op.primitive == "reshape":
+            if op.primitive in _WINDOWS or (op.primitive == "reshape" and not _keeps_dim(op, lay.spatial)):
                 continue  # global pooling, flattening
             if op.primitive in _REDUCTIONS and lay.spatial in op.eqn.params["axes"]:
                 continue
@@ -390,14 +400,15 @@ def _check_exits(graph, plan: _Plan, config: _Config) -> None:
 
 def _plan(graph, config: _Config) -> _Plan:
     layouts: dict = {}
-    windows, _ = _plan_windows(graph, config, layouts)
+    known = -1
+    while len(layouts) != known:  # a pool follows the layout elementwise ops bring to its input
+        known = len(layouts)
+        windows, pools = _plan_windows(graph, config, layouts)
+        _propagate(graph, layouts)
     if not windows:
         raise UnsupportedError(
             f"shard_spatial: the function has no convolution or pooling along {config.axis} to partition"
         )
-    _propagate(graph, layouts)
-    # a second pass: pools whose input layout is now known from the elementwise ops before them
-    windows, pools = _plan_windows(graph, config, layouts)
     plan = _Plan(layouts, windows, pools)
     _check_exits(graph, plan, config)
     xla = _xla_exchanges_halos(list(windows), plan, config) if config.halo == "auto" else {}

@@ -127,13 +127,32 @@ def _suite_bad(devices):
         "halo": "ppermute"}
 
 
+def _suite_exits(devices):
+    """Blocks that end in a global pool (ResNet's head) and in a flatten (VGG's)."""
+    mesh, rows = _mesh(devices), 4 * devices + 3
+    key_w, key_d, key_x = jax.random.split(jax.random.key(2), 3)
+    w, dense, x = jax.random.normal(key_w, (8, 3, 3, 3)), jax.random.normal(key_d, (8, 5)), jax.random.normal(key_x, (2, 3, rows, rows))
+
+    def global_pool(w, dense, x):
+        y = jax.nn.relu(_conv(x, w))
+        pooled = lax.reduce_window(y, 0.0, lax.add, (1, 1, rows, rows), (1, 1, 1, 1), "VALID") / rows**2
+        return pooled.reshape(2, 8) @ dense
+
+    def flatten(w, dense, x):
+        return jax.nn.relu(_conv(x, w, stride=2)).reshape(2, -1)[:, :5] @ dense[:5]
+
+    yield "global-pool", global_pool, (w, dense, x), mesh, {}
+    yield "flatten", flatten, (w, dense, x), mesh, {}
+
+
 def _suite_models(devices):
     size = 32 * devices
     for name in ("resnet18", "mobilenet_v2"):
         yield f"{name}-{size}", *_model(name, size), _mesh(devices), {}
 
 
-SUITES = {"chains": _suite_chains, "axes": _suite_axes, "bad": _suite_bad, "models": _suite_models}
+SUITES = {"chains": _suite_chains, "axes": _suite_axes, "bad": _suite_bad, "exits": _suite_exits,
+          "models": _suite_models}
 
 
 def main(devices: int, suites: str) -> None:

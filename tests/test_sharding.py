@@ -82,7 +82,7 @@ def test_width_axis_and_batch_axis_on_a_2d_mesh(devices):
 
 @pytest.mark.parametrize("devices", [2, 4, 8])
 def test_bad_input_on_several_devices_says_what_to_change(devices):
-    records = run_suites(devices, "bad")
+    records = run_suites(devices, "bad,exits")
     few = records["too-few-rows"]
     assert few["error"] == "ConfigError"
     assert f"has {devices - 1} output rows along H, fewer than the {devices} devices" in few["message"]
@@ -96,6 +96,18 @@ def test_bad_input_on_several_devices_says_what_to_change(devices):
         assert drift["error"] == "UnsupportedError" and "drift apart by more than a stripe" in drift["message"]
     else:
         assert_matches(drift)
+
+
+@pytest.mark.parametrize("devices", [2, 4, 8])
+def test_a_global_pool_ends_the_block_with_an_all_reduce_and_a_flatten_with_a_gather(devices):
+    records = run_suites(devices, "bad,exits")
+    pool, flatten = records["global-pool"], records["flatten"]
+    assert_matches(pool)
+    assert_matches(flatten)
+    assert kinds(pool) == {"collective-permute", "all-reduce"}
+    (_, nbytes, _), = [c for c in pool["collectives"] if c[0] == "all-reduce"]
+    assert nbytes <= 2 * 8 * (4 * devices + 3) * 4  # partial sums of one row per channel, not the activation
+    assert kinds(flatten) == {"collective-permute", "all-gather"}  # the last activation, once, for the dense layer
 
 
 @pytest.mark.slow
@@ -310,3 +322,23 @@ def test_a_pool_reading_nhwc_input_shards_its_height(tree_allclose):
     text = str(jax.make_jaxpr(sharded)(x))
     assert "P(None, 'x', None, None)" in text  # dim 1 (H of NHWC) is split, not W
     assert tree_allclose(jax.jit(sharded)(x), f(x))
+
+
+def test_a_reshape_that_keeps_the_sharded_rows_is_refused_but_a_flatten_ends_the_block(tree_allclose):
+    w = jax.random.normal(jax.random.key(0), (4, 3, 3, 3))
+    x = jax.random.normal(jax.random.key(1), (1, 3, 8, 8))
+    mesh = jax.make_mesh((1,), ("x",))
+
+    def flatten(w, x):
+        return jnp.tanh(_conv_nchw(x, w)).reshape(1, -1)
+
+    def channel_groups(w, x):
+        return _conv_nchw(x, w).reshape(1, 2, 2, 8, 8)
+
+    assert tree_allclose(jax.jit(jtile.shard_spatial(flatten, mesh=mesh))(w, x), flatten(w, x))
+    with pytest.raises(jtile.UnsupportedError, match=r"reshape \(op #1\) reads an activation sharded along H"):
+        jtile.shard_spatial(channel_groups, mesh=mesh)(w, x)
+
+
+def _conv_nchw(x, w):
+    return lax.conv_general_dilated(x, w, (1, 1), ((1, 1), (1, 1)))
