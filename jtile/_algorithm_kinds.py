@@ -1,7 +1,7 @@
 """The layer kinds `swap_backend` knows: how to spot them, run them, and pick for them.
 
-For each kind: a layer describer for its primitive (registered with
-`jtile._layers`), per-algorithm `support(eqn, layer)` (why a kernel cannot
+For each kind (the `jtile.Layer` kind its primitive's registry entry
+describes): per-algorithm `support(eqn, layer)` (why a kernel cannot
 serve a layer, or `None`) and `run(eqn, *invals)` (the kernel call,
 transposing to the kernels' NCHW / OIHW / (K, N) layout only when the equation
 uses another), and the `"auto"` cost model.

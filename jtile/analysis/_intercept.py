@@ -1,9 +1,9 @@
 """`intercept`: the intermediate activations of a call, keyed by layer name.
 
 The forward-hook of jtile. The function's jaxpr is evaluated once by the one
-interpreter, `eval_jaxpr`, with a rule for every primitive it meets that
-binds the equation unchanged and keeps the outputs a layer hands on. The
-layers are those of `summary` (same names, same `depth`).
+interpreter, `eval_jaxpr`, whose default rule binds each equation unchanged
+and keeps the outputs a layer hands on. The layers are those of `summary`
+(`jtile.Graph.layers`: same names, same `depth`).
 
 !!! warning
 
