@@ -21,4 +21,5 @@ from .fusion import fuse as fuse
 from .gemm import split_gemm as split_gemm
 from .schedule import Schedule as Schedule
 from .schedule import schedule as schedule
+from .sharding import shard_spatial as shard_spatial
 from .tiling import tile_conv as tile_conv

@@ -126,3 +126,81 @@ def pool_axes(eqn) -> tuple[int, int] | None:
         if pooled <= set(axes):
             return axes
     return None
+
+
+# ------------------------------------------------ stripes held one per device (jtile.sharding)
+
+
+def reduce_window_axis(eqn, axis: int) -> SlidingWindow:
+    """The `SlidingWindow` of a `reduce_window_*` along operand axis `axis`."""
+    p = eqn.params
+    pad_lo, pad_hi = p["padding"][axis]
+    return SlidingWindow(
+        in_size=eqn.invars[0].aval.shape[axis],
+        window=p["window_dimensions"][axis],
+        stride=p["window_strides"][axis],
+        pad_lo=pad_lo,
+        pad_hi=pad_hi,
+        dilation=p["window_dilation"][axis],
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Halo:
+    """What device `i` of `devices` reads when each holds one stripe of rows.
+
+    Device `i` holds input rows `[i*in_rows, (i+1)*in_rows)` (the last stripes
+    end in padding when the rows do not divide) and computes output rows
+    `[i*out_rows, (i+1)*out_rows)`, the layout XLA gives an unevenly sharded
+    axis. It reads `lo` rows below its stripe and `hi` above; of those,
+    `fetch_lo` / `fetch_hi` are real rows of its neighbours, the rest border
+    padding. Its window starts `offset(i)` rows into that extended stripe.
+    """
+
+    window: SlidingWindow
+    devices: int
+    in_rows: int
+    out_rows: int
+    lo: int
+    hi: int
+    fetch_lo: int
+    fetch_hi: int
+
+    @property
+    def window_lo(self) -> int:
+        """Rows a window reads below the rows its outputs stride over (its low padding)."""
+        return self.window.pad_lo
+
+    @property
+    def window_hi(self) -> int:
+        """Rows a window reads above the rows its outputs stride over."""
+        return self.window.span - self.window.stride - self.window.pad_lo
+
+    @property
+    def read_rows(self) -> int:
+        """Input rows one device's window reads, padding included."""
+        return (self.out_rows - 1) * self.window.stride + self.window.span
+
+    def offset(self, i):
+        """Where device `i`'s window starts in its extended stripe (`i` may be traced)."""
+        return i * (self.out_rows * self.window.stride - self.in_rows) - self.window.pad_lo + self.lo
+
+
+def stripe_halo(window: SlidingWindow, devices: int) -> Halo:
+    """The `Halo` of `window` over `devices` stripes. `fetch_lo` or `fetch_hi`
+    larger than `in_rows` means a window reaches past the neighbouring stripe."""
+    sw, n = window, devices
+    in_rows, out_rows = -(-sw.in_size // n), -(-sw.out_size // n)
+    real = [i for i in range(n) if i * out_rows < sw.out_size]  # devices with output rows
+    starts = {i: i * out_rows * sw.stride - sw.pad_lo for i in real}
+    stops = {i: starts[i] + (out_rows - 1) * sw.stride + sw.span for i in real}
+    return Halo(
+        window=sw,
+        devices=n,
+        in_rows=in_rows,
+        out_rows=out_rows,
+        lo=max([0] + [i * in_rows - starts[i] for i in real]),
+        hi=max([0] + [stops[i] - (i + 1) * in_rows for i in real]),
+        fetch_lo=max([0] + [i * in_rows - max(starts[i], 0) for i in real if i > 0]),
+        fetch_hi=max([0] + [min(stops[i], sw.in_size) - (i + 1) * in_rows for i in real if i < n - 1]),
+    )

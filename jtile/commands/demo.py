@@ -2,6 +2,8 @@
 
 import argparse
 import collections
+import os
+import subprocess
 import sys
 import time
 from contextlib import contextmanager
@@ -12,6 +14,7 @@ import numpy as np
 
 from .. import models
 from .._graph import graph
+from ..sharding import collectives, shard_spatial
 from ..tiling import tile_conv
 
 HELP = "Tile a zoo model's convolutions into stripes and check the outputs are unchanged."
@@ -25,6 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", type=int, default=None, help="input height and width (default: the model's)")
     parser.add_argument("--batch", type=int, default=None, help="batch size (default: the model's)")
     parser.add_argument("--seed", type=int, default=0, help="PRNG seed for weights and input")
+    parser.add_argument("--devices", type=int, default=None,
+                        help="shard the model over this many host devices with shard_spatial instead of tiling")
 
 
 @contextmanager
@@ -52,14 +57,62 @@ def _print_op_counts(before: collections.Counter, after: collections.Counter) ->
     print(f"  {'total':<24}{sum(before.values()):>10}{sum(after.values()):>10}")
 
 
+def _rerun_with_devices(args: argparse.Namespace) -> int:
+    """Run this demo again in a child python with `args.devices` host devices:
+    jax fixes the device count when it starts."""
+    argv = ["demo"]
+    for name, value in vars(args).items():
+        if name not in ("run", "command") and value not in (None, False):
+            argv += [f"--{name.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={args.devices}"
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "XLA_FLAGS": flags, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.run([sys.executable, "-m", "jtile.cli", *argv], capture_output=True, text=True, env=env)
+    print(child.stdout, end="")
+    print(child.stderr, end="", file=sys.stderr)
+    return child.returncode
+
+
+def _print_sharding(compiled, unsharded) -> None:
+    found = collectives(compiled)
+    print(f"  {'collective':<24}{'count':>10}{'bytes':>12}")
+    for kind in sorted({c.kind for c in found}):
+        same = [c for c in found if c.kind == kind]
+        print(f"  {kind:<24}{len(same):>10}{sum(c.bytes for c in same):>12}")
+    print(f"  {'per-device memory':<24}{'unsharded':>12}{'sharded':>12}")
+    mine, theirs = compiled.memory_analysis(), unsharded.memory_analysis()
+    for name in ("argument", "output", "temp"):
+        field = f"{name}_size_in_bytes"
+        print(f"  {name:<24}{getattr(theirs, field):>12}{getattr(mine, field):>12}")
+
+
+def _run_sharded(args: argparse.Namespace, model, x) -> int:
+    fn, params = models.as_function(model)
+    mesh = jax.make_mesh((args.devices,), ("x",))
+    with _step("compiling and running the original"):
+        unsharded = jax.jit(fn).lower(params, x).compile()
+        expected = np.asarray(unsharded(params, x))
+    with _step(f"sharding over {args.devices} devices, compiling and running"):
+        compiled = jax.jit(shard_spatial(fn, mesh=mesh, axis=args.axis)).lower(params, x).compile()
+        got = np.asarray(compiled(params, x))
+    _print_sharding(compiled, unsharded)
+    return _compare(got, expected, "sharded")
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.devices and jax.device_count() != args.devices:
+        return _rerun_with_devices(args)
     axis = int(args.axis) if args.axis.lstrip("-").isdigit() else args.axis
     shape = models.input_shape(args.model, batch=args.batch, size=args.size)
-    print(f"jtile demo: {args.model} on input {shape}, tile_conv(axis={axis!r}, tiles={args.tiles})")
+    transform = f"shard_spatial(axis={axis!r}) on {args.devices} devices" if args.devices else (
+        f"tile_conv(axis={axis!r}, tiles={args.tiles})")
+    print(f"jtile demo: {args.model} on input {shape}, {transform}")
     key_model, key_input = jax.random.split(jax.random.key(args.seed))
     with _step(f"building {args.model}"):
         model = models.get(args.model, key_model)
         x = jax.random.normal(key_input, shape)
+    if args.devices:
+        return _run_sharded(args, model, x)
 
     def apply(model, x):
         return model(x)
@@ -70,6 +123,10 @@ def run(args: argparse.Namespace) -> int:
     with _step("tiling, compiling and running"):
         got = np.asarray(eqx.filter_jit(tiled)(model, x))
     _print_op_counts(_op_counts(apply, model, x), _op_counts(tiled, model, x))
+    return _compare(got, expected, "tiled")
+
+
+def _compare(got, expected, label: str) -> int:
     scale = max(1.0, float(np.max(np.abs(expected))))
     diff = float(np.max(np.abs(got - expected)))
     identical = bool(np.array_equal(got, expected))
@@ -77,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
           f"({diff / scale:.2g} of the output scale), bit-identical: {'yes' if identical else 'no'}")
     # Deep nets accumulate float32 reassociation error: atol scales with the output.
     if not np.allclose(got, expected, rtol=RTOL, atol=ATOL * scale):
-        print(f"FAIL: tiled outputs differ beyond rtol={RTOL}, atol={ATOL} x output scale", file=sys.stderr)
+        print(f"FAIL: {label} outputs differ beyond rtol={RTOL}, atol={ATOL} x output scale", file=sys.stderr)
         return 1
-    print(f"OK: tiled outputs match (rtol={RTOL}, atol={ATOL} x output scale)")
+    print(f"OK: {label} outputs match (rtol={RTOL}, atol={ATOL} x output scale)")
     return 0
