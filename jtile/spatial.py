@@ -235,6 +235,7 @@ class _Read:
     starts: np.ndarray  # (tiles, read axes) starts inside the arriving array
     fill: Callable | None
     extent: tuple  # the operand's size along each read dim
+    outside: bool  # an external operand read (partly) outside its extent
 
 
 @dataclasses.dataclass
@@ -248,7 +249,6 @@ class Plan:
     reads: dict  # (op index, operand) -> _Read
     params: dict  # op index -> per tile params
     out_tiles: dict  # Value -> per tile: tuple of Window (the tile it writes)
-    margins: dict  # external Value -> {dim: (lo, hi)} padding so every read is in bounds
 
     @property
     def tiles(self) -> int:
@@ -291,15 +291,6 @@ def make_plan(block: Block, grid: tuple[int, ...], uniform: bool) -> Plan:
             if regions[op.index][0].operands[j] is not None and v.role != "literal":
                 for k, region in enumerate(regions[op.index]):
                     requests[v][k].append(tuple(r for r in region.operands[j] if r is not None))
-    margins = {}
-    for v in block.externals:
-        bounds = defaultdict(lambda: (0, 0))
-        for reqs in requests.get(v, []):
-            for req in reqs:
-                for dim, w in req:
-                    lo, hi = bounds[dim]
-                    bounds[dim] = (max(lo, -w.start), max(hi, w.stop - v.shape[dim]))
-        margins[v] = dict(bounds)
     reads, params = {}, {}
     for op in block.ops:
         params[op.index] = [r.params for r in regions[op.index]]
@@ -312,12 +303,14 @@ def make_plan(block: Block, grid: tuple[int, ...], uniform: bool) -> Plan:
             if v in windows:
                 origin = [[dict(zip(block.axes[v], windows[v][k]))[d].start for d in dims] for k in range(len(tiles))]
             else:
-                origin = [[-margins[v].get(d, (0, 0))[0] for d in dims]] * len(tiles)
+                origin = [[0] * len(dims)] * len(tiles)
+            outside = v not in windows and any(
+                w.start < 0 or w.stop > v.shape[d] for ws in per_tile for d, w in zip(dims, ws))
             starts = np.array([[w.start - o for w, o in zip(ws, org)] for ws, org in zip(per_tile, origin)],
                               dtype=np.int32).reshape(len(tiles), len(dims))
             reads[op.index, j] = _Read(dims, per_tile, starts, regions[op.index][0].fill[j],
-                                       tuple(v.shape[d] for d in dims))
-    return Plan(block, grid, uniform, windows, reads, params, out_tiles, margins)
+                                       tuple(v.shape[d] for d in dims), outside)
+    return Plan(block, grid, uniform, windows, reads, params, out_tiles)
 
 
 # ---------------------------------------------------------------- emission
@@ -334,6 +327,14 @@ def _slice(x, dims, starts, sizes):
     for d, s, n in zip(dims, starts, sizes):
         index[d], shape[d] = s, n
     return lax.dynamic_slice(x, index, shape)
+
+
+def _gather(x, dims, starts, sizes):
+    """`x` cut to `sizes` from `starts` along `dims`, zero where that reaches outside `x`
+    (what slicing a zero-padded copy would give, without the copy)."""
+    for d, s, n in zip(dims, starts, sizes):
+        x = jnp.take(x, s + jnp.arange(n, dtype=jnp.int32), axis=d, mode="fill", fill_value=0)
+    return x
 
 
 def _masked(x, dims, starts, extents, fill):
@@ -367,7 +368,10 @@ def _tile_rules(plan: Plan, tile) -> dict:
             if read is None:
                 continue
             sizes = [w.size for w in read.windows[tile if isinstance(tile, int) else 0]]
-            x = _slice(x, read.dims, _at(read.starts, tile), sizes)
+            if read.outside and not isinstance(tile, int):
+                x = _gather(x, read.dims, _at(read.starts, tile), sizes)
+            else:
+                x = _slice(x, read.dims, _at(read.starts, tile), sizes)
             if read.fill is not None:
                 absolute = np.array([[w.start for w in ws] for ws in read.windows], np.int32)
                 x = _masked(x, read.dims, _at(absolute, tile), read.extent, read.fill(invals))
@@ -448,16 +452,6 @@ class _Tiled:
             outs.append(pieces[0])
         return outs
 
-    def _padded_externals(self, externals) -> list:
-        """The block's inputs padded once, so that every tile's reads are in bounds."""
-        out = []
-        for v, x in zip(self.plan.block.externals, externals):
-            margins = self.plan.margins.get(v, {})
-            if any(lo or hi for lo, hi in margins.values()):
-                x = jnp.pad(x, [margins.get(d, (0, 0)) for d in range(x.ndim)])
-            out.append(x)
-        return out
-
     def _write(self, buffers, pieces, tile) -> list:
         plan, out = self.plan, []
         for v, buf, piece in zip(plan.block.outputs, buffers, pieces):
@@ -472,7 +466,6 @@ class _Tiled:
         return [jnp.zeros(v.shape, v.dtype) for v in self.plan.block.outputs]
 
     def _looped(self, externals) -> list:
-        externals = self._padded_externals(externals)
         return lax.fori_loop(
             0, self.plan.tiles, lambda k, bufs: self._write(bufs, self._tile(k, externals), k), self._empty()
         )
@@ -480,7 +473,6 @@ class _Tiled:
     def _sharded(self, externals) -> list:
         from jax.sharding import PartitionSpec as P
 
-        externals = self._padded_externals(externals)
         names = tuple(self.mesh.axis_names)
         devices = self.mesh.size
         count = -(-self.plan.tiles // devices) * devices
