@@ -48,7 +48,7 @@ from jax import lax
 from jtile._fused import conv_bias_act
 from jtile._regions import RULES, Stop, hull
 
-_SETTINGS = settings(max_examples=8, deadline=None)
+_SETTINGS = settings(max_examples=6, deadline=None)
 
 
 def _conv_case(data, rng):
@@ -173,10 +173,10 @@ def _read(x, read, fill):
         dim, w = entry
         idx = np.arange(w.start, w.stop)
         inside = (idx >= 0) & (idx < x.shape[dim])
-        x = jnp.take(x, np.clip(idx, 0, x.shape[dim] - 1), axis=dim)
+        x = np.take(x, np.clip(idx, 0, x.shape[dim] - 1), axis=dim)
         shape = [1] * x.ndim
         shape[dim] = len(idx)
-        x = jnp.where(inside.reshape(shape), x, jnp.asarray(fill, x.dtype))
+        x = np.where(inside.reshape(shape), x, np.asarray(fill, x.dtype))
     return x
 
 
@@ -214,16 +214,16 @@ def test_region_rule_matches_brute_force_receptive_field(case, data):
     for d in axes:
         start = data.draw(st.integers(0, out_shape[d] - 1))
         windows.append(Window(start, data.draw(st.integers(start + 1, out_shape[d]))))
-    full = _bind(eqn, vals, eqn.params)
-    expected = full
+    expected = np.asarray(_bind(eqn, vals, eqn.params))
     for d, w in zip(axes, windows):
-        expected = lax.slice_in_dim(expected, w.start, w.stop, axis=d)
+        expected = np.take(expected, np.arange(w.start, w.stop), axis=d)
     # Unrolled tiles: clipped windows, border padding in the params; exact.
     region = rule(eqn, axes, tuple(windows), True)
+    vals = [np.asarray(v) for v in vals]
     operands = [v if read is None else _read(v, read, np.nan) for v, read in zip(vals, region.operands)]
     _assert_close(_bind(eqn, operands, region.params), expected)
     for j, read in enumerate(region.operands):
-        if read is None or not jnp.issubdtype(vals[j].dtype, jnp.floating) or vals[j].ndim == 0:
+        if read is None or vals[j].ndim == 0:
             continue
         support = _support(eqn, vals, j, axes, windows)
         for entry in read:
