@@ -18,3 +18,4 @@ from .analysis import summary as summary
 from .fusion import fuse as fuse
 from .gemm import split_gemm as split_gemm
 from .tiling import tile_conv as tile_conv
+from .spatial import tile_spatial as tile_spatial
