@@ -9,6 +9,8 @@ from ._errors import ConfigError as ConfigError
 from ._errors import JtileError as JtileError
 from ._errors import OnnxError as OnnxError
 from ._errors import UnsupportedError as UnsupportedError
+from ._graph import Graph as Graph
+from ._graph import graph as graph
 from ._layers import Layer as Layer
 from .algorithms import swap_backend as swap_backend
 from .algorithms import swap_conv2d as swap_conv2d

@@ -19,13 +19,13 @@ machine, and keeps XLA everywhere else, including every non-float32 layer.
 
 import math
 
-import jax.extend.core as jcore
 import jax.numpy as jnp
 import numpy as np
 
 from ._errors import ConfigError
 from ._fused import activate
-from ._interpreter import eager_if_known, iter_eqns, iter_jaxprs
+from ._graph import Graph
+from ._interpreter import eager_if_known
 from ._layers import Layer, dense_weight_axis, pool_axes, pool_window, scope_name
 
 _F32 = np.dtype(np.float32)
@@ -261,39 +261,25 @@ def _pool_run(kernel: str):
     return run
 
 
-def producers(jaxpr: jcore.Jaxpr) -> dict:
-    """`{var: the equation that produces it}` over `jaxpr` and its sub-jaxprs."""
-    return {v: eqn for eqn in iter_eqns(jaxpr) for v in eqn.outvars}
-
-
-def find_avg_pools(jaxpr: jcore.Jaxpr) -> dict[int, int]:
+def find_avg_pools(graph: Graph) -> dict[int, int]:
     """`{id(reduce_window_sum eqn): id(div eqn)}` for every sum pool whose one use
-    divides it by its window size, in `jaxpr` and its sub-jaxprs."""
+    divides it by its window size, in `graph` and its control-flow bodies."""
     pairs = {}
-    for inner in iter_jaxprs(jaxpr):
-        uses: dict = {}
-        for eqn in inner.eqns:
-            for v in eqn.invars:
-                if isinstance(v, jcore.Var):
-                    uses.setdefault(v, []).append(eqn)
-        for v in inner.outvars:
-            if isinstance(v, jcore.Var):
-                uses.setdefault(v, []).append(None)
-        for eqn in inner.eqns:
-            if eqn.primitive.name != "reduce_window_sum" or pool_axes(eqn) is None:
-                continue
-            consumers = uses.get(eqn.outvars[0], [])
-            window = math.prod(eqn.params["window_dimensions"])
-            if len(consumers) == 1 and _divides_by(consumers[0], eqn.outvars[0], window):
-                pairs[id(eqn)] = id(consumers[0])
+    for op in graph.all_ops():
+        if op.primitive != "reduce_window_sum" or pool_axes(op.eqn) is None:
+            continue
+        (out,) = op.outs
+        window = math.prod(op.eqn.params["window_dimensions"])
+        if not out.is_output and len(out.consumers) == 1 and _divides_by(out.consumers[0], out, window):
+            pairs[id(op.eqn)] = id(out.consumers[0].eqn)
     return pairs
 
 
-def _divides_by(eqn, numerator, value: int) -> bool:
-    if eqn is None or eqn.primitive.name != "div" or eqn.invars[0] is not numerator:
+def _divides_by(op, numerator, value: int) -> bool:
+    if op.primitive != "div" or op.ins[0] is not numerator:
         return False
-    divisor = eqn.invars[1]
-    return isinstance(divisor, jcore.Literal) and np.ndim(divisor.val) == 0 and divisor.val == value
+    divisor = op.ins[1]
+    return divisor.role == "literal" and np.ndim(divisor.var.val) == 0 and divisor.var.val == value
 
 
 def _auto_pool(kernel: str):

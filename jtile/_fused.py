@@ -39,7 +39,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.interpreters import ad, batching, mlir
 
-from ._layers import Layer, _conv, register_describer, scope_name
+from ._layers import Layer, _conv, scope_name
+from ._registry import register
 
 Activation = tuple
 
@@ -163,5 +164,5 @@ def _describe_dense(eqn) -> FusedLayer:
     )
 
 
-register_describer("conv_bias_act", _describe_conv)
-register_describer("dense", _describe_dense)
+register("conv_bias_act", describe=_describe_conv, weights=(1, 2), activations=(0, 3))
+register("dense", describe=_describe_dense)

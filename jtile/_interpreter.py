@@ -96,11 +96,13 @@ def bind(eqn: jcore.JaxprEqn, *invals) -> list:
     return list(out) if eqn.primitive.multiple_results else [out]
 
 
-def eval_jaxpr(jaxpr: jcore.Jaxpr, consts, *args, rules: Rules) -> list:
+def eval_jaxpr(jaxpr: jcore.Jaxpr, consts, *args, rules: Rules, default: Rule | None = None) -> list:
     """Evaluate `jaxpr` on `args` under the current trace, applying `rules`.
 
     A rule is called as `rule(eqn, *invals)` and returns the output value, or a
-    list of them when the primitive has multiple results.
+    list of them when the primitive has multiple results. `default`, if given,
+    is the rule of every equation without one, in place of re-binding,
+    inlining or interpreting control flow (an observer's hook).
     """
     env: dict = {}
 
@@ -116,8 +118,9 @@ def eval_jaxpr(jaxpr: jcore.Jaxpr, consts, *args, rules: Rules) -> list:
         name = eqn.primitive.name
         name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
         with source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack):
-            if name in rules:
-                out = rules[name](eqn, *invals)
+            rule = rules.get(name, default)
+            if rule is not None:
+                out = rule(eqn, *invals)
                 out = list(out) if eqn.primitive.multiple_results else [out]
             elif name in _INLINED:
                 inner, inner_consts = _split_closed(eqn.params[_INLINED[name]])
@@ -241,17 +244,36 @@ def trace(where: str, fn: Callable, args: tuple, kwargs: dict, cache: dict) -> T
     return cache[key]
 
 
+def applied(fn: Callable) -> tuple[str, ...]:
+    """The jtile transforms `fn` is the result of, innermost first."""
+    return getattr(fn, "__jtile_transforms__", ())
+
+
+def refuse_after(fn: Callable, where: str, refuse: Mapping[str, str]) -> None:
+    """Raise if `fn` already went through a transform that `where` cannot follow.
+
+    `refuse` maps a transform name to the reason and the order to use instead,
+    so that a composition is never a silent no-op.
+    """
+    for inner in applied(fn):
+        if inner in refuse:
+            raise ConfigError(f"{where}: the function was already transformed by {inner}: {refuse[inner]}")
+
+
 def transform(
-    fn: Callable, where: str, make_rules: Callable[[jcore.ClosedJaxpr], Rules]
+    fn: Callable, where: str, make_rules: Callable[[jcore.ClosedJaxpr], Rules],
+    refuse: Mapping[str, str] = {},
 ) -> Callable:
     """Wrap `fn` so that calls evaluate its jaxpr with a fresh `make_rules(jaxpr)` table.
 
     `make_rules` receives the (inlined) jaxpr about to be evaluated, so rules may
     plan on the whole graph first, and it is called once per evaluation, so rules
-    may keep per-call state (a layer counter, say).
+    may keep per-call state (a layer counter, say). `refuse` lists the transforms
+    `where` cannot follow (see `refuse_after`).
     """
     if not callable(fn):
         raise ConfigError(f"{where}: expected a function to transform, got {fn!r}")
+    refuse_after(fn, where, refuse)
     cache: dict = {}
 
     @functools.wraps(fn)
@@ -264,20 +286,13 @@ def transform(
         return jax.tree.unflatten(traced.out_tree, out)
 
     wrapped.__jtile_cache__ = cache
+    wrapped.__jtile_transforms__ = (*applied(fn), where)
     return wrapped
 
 
 def make_jaxpr(fn: Callable, *args, **kwargs) -> jcore.ClosedJaxpr:
     """The inlined jaxpr of `fn` with filter semantics, for analysis and scheduling."""
     return Traced("jtile", fn, args, kwargs).jaxpr
-
-
-def iter_jaxprs(jaxpr: jcore.Jaxpr):
-    """`jaxpr` and every sub-jaxpr of its equations, depth first."""
-    yield jaxpr
-    for eqn in jaxpr.eqns:
-        for sub in jcore.jaxprs_in_params(eqn.params):
-            yield from iter_jaxprs(sub)
 
 
 def iter_eqns(jaxpr: jcore.Jaxpr):

@@ -5,13 +5,16 @@ for convolutions stride, padding, dilation and groups in NCHW terms), or `None`
 when the equation is not a layer jtile knows. Kinds: `conv{1,2,3}d`
 (`conv_general_dilated`), `dense` (`dot_general` of x with a 2-D weight, else
 `matmul`), `maxpool2d` / `sumpool2d` (4-D `reduce_window_max` / `_sum`), and
-the fused ops of `jtile._fused`, which register their own describers.
+the fused ops of `jtile._fused`. Each describer is the `describe` facet of
+its primitive's `jtile._registry` entry.
 """
 
 import dataclasses
 from collections.abc import Callable
 
 import numpy as np
+
+from ._registry import facet, register
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,22 +148,16 @@ def _describe_pool(kind: str):
     return describe
 
 
-_DESCRIBERS: dict[str, Callable] = {
-    "conv_general_dilated": _conv,
-    "dot_general": _describe_dot,
-    "reduce_window_max": _describe_pool("max"),
-    "reduce_window_sum": _describe_pool("sum"),
-}
-
-
-def register_describer(primitive: str, describer: Callable) -> None:
-    """Teach `describe` a new primitive (fused primitives register theirs next to their definition)."""
-    _DESCRIBERS[primitive] = describer
+register("conv_general_dilated", describe=_conv, weights=(1,), activations=(0,))
+register("dot_general", describe=_describe_dot)
+register("reduce_window_max", describe=_describe_pool("max"))
+register("reduce_window_sum", describe=_describe_pool("sum"))
 
 
 def describe(eqn, index: int = 0) -> Layer | None:
-    """The `Layer` for `eqn`, numbered `index`, or `None` if it is not a layer."""
-    describer = _DESCRIBERS.get(eqn.primitive.name)
+    """The `Layer` for `eqn`, numbered `index`, or `None` if it is not a layer
+    (its registry entry has no `describe` facet)."""
+    describer = facet(eqn, "describe")
     if describer is None:
         return None
     return dataclasses.replace(describer(eqn), index=index)

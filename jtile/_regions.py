@@ -94,7 +94,7 @@ def conv_axis(eqn, spatial: int) -> SlidingWindow:
     """The `SlidingWindow` of a `conv_general_dilated` along spatial dim `spatial`."""
     p = eqn.params
     lhs_spec, rhs_spec, _ = p["dimension_numbers"]
-    lhs, rhs = (v.aval.shape for v in eqn.invars)
+    lhs, rhs = (v.aval.shape for v in eqn.invars[:2])
     pad_lo, pad_hi = p["padding"][spatial]
     return SlidingWindow(
         in_size=lhs[lhs_spec[2 + spatial]],

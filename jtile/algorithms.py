@@ -25,8 +25,9 @@ import jax.extend.core as jcore
 
 from . import _algorithm_kinds as kinds
 from ._errors import ConfigError, UnsupportedError, reject_unknown
-from ._interpreter import bind, iter_eqns, transform
-from ._layers import Layer, describe
+from ._graph import Graph
+from ._interpreter import bind, transform
+from ._layers import Layer
 
 Selector = str | Sequence[str] | Callable[[Layer], str]
 
@@ -166,13 +167,13 @@ class _Plan:
     producers: dict
 
 
-def _find_layers(jaxpr: jcore.Jaxpr, kinds_wanted):
+def _find_layers(graph: Graph, kinds_wanted):
     """Every layer of a wanted kind in program order, the count per kind, the avg pools."""
-    avg_pools = kinds.find_avg_pools(jaxpr)
+    avg_pools = kinds.find_avg_pools(graph)
     counts: dict[str, int] = {}
     found = []
-    for eqn in iter_eqns(jaxpr):
-        layer = describe(eqn)
+    for op in graph.all_ops():
+        eqn, layer = op.eqn, op.layer()
         if layer is not None and id(eqn) in avg_pools:
             layer = dataclasses.replace(layer, kind="avgpool2d")
         if layer is None or layer.kind not in kinds_wanted:
@@ -184,9 +185,10 @@ def _find_layers(jaxpr: jcore.Jaxpr, kinds_wanted):
 
 
 def _plan(closed: jcore.ClosedJaxpr, selectors: dict[str, Selector]) -> _Plan:
-    found, counts, avg_pools = _find_layers(closed.jaxpr, selectors)
+    graph = Graph.of(closed)
+    found, counts, avg_pools = _find_layers(graph, selectors)
     _check_lengths(selectors, counts)
-    plan = _Plan({}, set(), kinds.producers(closed.jaxpr))
+    plan = _Plan({}, set(), graph.producers())
     for eqn, layer in found:
         algorithm = _resolve(_select(selectors[layer.kind], layer), eqn, layer, plan.producers)
         if algorithm is not None:

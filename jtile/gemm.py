@@ -19,7 +19,7 @@ tiles are concatenated back and reshaped to the original output layout.
 
 Every tile runs under `jax.named_scope(f"gemm_tile_m{i}_k{k}_n{j}")` inside
 the layer's own scope, so an analysis table or a schedule shows
-`<layer>/gemm_tile_m0_k1_n0`; `tiles_per_layer(jaxpr)` counts them.
+`<layer>/gemm_tile_m0_k1_n0`; `tiles_per_layer(graph)` counts them.
 
 With `kernel="ffi"` every tile is computed by the C kernel
 `jtile.kernels.dense` through `bounded_dense`, which refuses a tile larger
@@ -43,7 +43,8 @@ from jax import lax
 
 from . import _fused
 from ._errors import ConfigError, UnsupportedError, reject_unknown, require_positive_int
-from ._interpreter import bind, iter_eqns, transform
+from ._graph import Graph
+from ._interpreter import bind, transform
 from ._layers import scope_name
 
 _KERNELS = (None, "ffi")
@@ -217,20 +218,24 @@ def split_gemm(
             "dense": functools.partial(_dense_rule, splitter),
         }
 
-    return transform(fn, "split_gemm", make_rules)
+    return transform(fn, "split_gemm", make_rules, refuse={
+        "swap_backend": "kernel calls cannot be split; use swap_backend(split_gemm(f))",
+    })
 
 
 _TILE = re.compile(r"^(.*?)/?gemm_tile_m\d+_k\d+_n\d+(/|$)")
 
 
-def tiles_per_layer(jaxpr) -> dict[str, int]:
-    """`{layer scope: number of GEMM tiles}` in a (closed) jaxpr made after `split_gemm`.
+def tiles_per_layer(graph) -> dict[str, int]:
+    """`{layer scope: number of GEMM tiles}` in the `jtile.Graph` (or inlined
+    `ClosedJaxpr`) of a function made by `split_gemm`.
 
     Tiles are counted by their scope names, so two products in one scope share a count.
     """
+    graph = graph if isinstance(graph, Graph) else Graph.of(graph)
     tiles: dict[str, set] = {}
-    for eqn in iter_eqns(getattr(jaxpr, "jaxpr", jaxpr)):
-        match = _TILE.match(scope_name(eqn))
+    for op in graph.all_ops():
+        match = _TILE.match(scope_name(op.eqn))
         if match:
             tiles.setdefault(match.group(1), set()).add(match.group(0).rstrip("/"))
     return {layer: len(names) for layer, names in tiles.items()}

@@ -22,7 +22,9 @@ reference's gradients. Layouts: NCHW activations, OIHW conv weights
 import ctypes
 import dataclasses
 import functools
+import math
 import os
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 import jax
@@ -30,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from . import _registry
 from ._errors import ConfigError, UnsupportedError
 from ._interpreter import eager_if_known, is_known
 from ._regions import SlidingWindow
@@ -226,6 +229,66 @@ class ConvAlgorithm:
     residual: bool = False  # the handler takes a 4th buffer added before the activation
 
 
+# ------------------------------------------- what a kernel call computes
+# Each target's registry entry describes a call as the layer it runs, from the
+# call's own attributes, so analysis and selectors see a conv2d, not an ffi_call.
+
+
+def _attribute(eqn, name: str) -> np.ndarray | None:
+    value = dict(eqn.params["attributes"] or ()).get(name)
+    return None if value is None else np.asarray(getattr(value, "val", value))
+
+
+def _layer(eqn, kind: str, **fields):
+    from ._layers import Layer, layer_fields
+
+    return Layer(kind=kind, **layer_fields(eqn), **fields)
+
+
+def _describe_conv_call(eqn):
+    sh, sw, pt, pb, pl, pr, dh, dw, groups = (int(v) for v in _attribute(eqn, "conv"))
+    kernel = _attribute(eqn, "kernel")  # [O, KH, KW] when the weight is packed
+    window = tuple(int(k) for k in kernel[1:]) if kernel is not None else tuple(eqn.invars[1].aval.shape[2:])
+    return _layer(eqn, "conv2d", in_channels=eqn.invars[0].aval.shape[1],
+                  out_channels=eqn.outvars[0].aval.shape[1], kernel_size=window, stride=(sh, sw),
+                  padding=((pt, pb), (pl, pr)), dilation=(dh, dw), lhs_dilation=(1, 1), groups=groups,
+                  batch_groups=1)
+
+
+def _describe_dense_call(eqn):
+    return _layer(eqn, "dense", in_channels=eqn.invars[0].aval.shape[1],
+                  out_channels=eqn.outvars[0].aval.shape[1])
+
+
+def _describe_pool_call(kind: str):
+    def describe(eqn):
+        x = eqn.invars[0].aval.shape
+        wh, ww, sh, sw, pt, pb, pl, pr = (int(v) for v in _attribute(eqn, "pool")) if kind != "global" else (
+            *x[2:], 1, 1, 0, 0, 0, 0)
+        return _layer(eqn, "maxpool2d" if kind == "max" else "avgpool2d", in_channels=x[1],
+                      out_channels=x[1], kernel_size=(wh, ww), stride=(sh, sw),
+                      padding=((pt, pb), (pl, pr)), dilation=(1, 1), lhs_dilation=(1, 1))
+
+    return describe
+
+
+def _call_macs(eqn):
+    """MACs of a kernel call: the layer it runs, plus its epilogue (an empty
+    residual buffer is none)."""
+    from ._macs import epilogue, out_elements
+
+    layer = (_registry.facet(eqn, "describe"))(eqn)
+    per_output = math.prod(layer.kernel_size or ())
+    if layer.kind == "conv2d":
+        per_output *= layer.in_channels // layer.groups
+    elif layer.kind == "dense":
+        per_output = layer.in_channels
+    category = {"conv2d": "conv", "dense": "dense"}.get(layer.kind, "pool")
+    adds = [v for v in eqn.invars[2:4] if math.prod(v.aval.shape)] if category != "pool" else []
+    activation = dict(eqn.params["attributes"] or ()).get("activation")
+    return Counter({category: out_elements(eqn) * per_output}) + epilogue(eqn, len(adds), activation)
+
+
 _CONV_ALGORITHMS: dict[str, ConvAlgorithm] = {}
 
 
@@ -236,6 +299,8 @@ def register_conv_algorithm(name: str, target: str, symbol: str,
     residual]) and the "conv" and epilogue attributes of `JTILE_CONV_BINDING`
     (kernels/common.h); an empty residual buffer means none."""
     _TARGETS[target] = symbol
+    _registry.register(f"ffi_call:{target}", describe=_describe_conv_call, macs=_call_macs,
+                       weights=(1, 2), activations=(0, 3))
     keep = ConvAlgorithm.prepare if prepare is None else prepare
     _CONV_ALGORITHMS[name] = ConvAlgorithm(target, support, keep, residual)
 
@@ -583,5 +648,12 @@ def global_avg_pool2d(x: jax.Array) -> jax.Array:
     _require_rank("global_avg_pool2d", "x", x, 4)
     return _pool_call("jtile_global_avg_pool2d", (*jnp.shape(x)[:2], 1, 1), x, global_avg_pool2d_reference)
 
+
+_registry.register("ffi_call:jtile_dense", describe=_describe_dense_call, macs=_call_macs,
+                   weights=(1, 2), activations=(0,))
+for _kind in ("max", "avg", "global"):
+    _name = "jtile_global_avg_pool2d" if _kind == "global" else f"jtile_{_kind}_pool2d"
+    _registry.register(f"ffi_call:{_name}", describe=_describe_pool_call(_kind), macs=_call_macs,
+                       activations=(0,))
 
 LIBRARY_PATH, _UNAVAILABLE = _load_library()

@@ -4,7 +4,9 @@
 stripes of its input along one output spatial axis, followed by one
 `concatenate`: the Slice -> Conv x N -> Concat graph of Aidge's horizontal
 tiling. Stripe windows come from `jtile._regions`; padding stays with the
-stripe that touches that border, on that side only.
+stripe that touches that border, on that side only. Fused convolutions
+(`conv_bias_act`, from `fuse` or `fold_params`) are tiled the same way, their
+residual sliced with the output, so `tile_conv(fuse(f))` tiles every layer.
 
 !!! warning
 
@@ -13,15 +15,16 @@ stripe that touches that border, on that side only.
     `select=` raises `UnsupportedError`.
 """
 
-import itertools
+import warnings
 from collections.abc import Callable
 
 from jax import lax
 
 from . import _regions
 from ._errors import ConfigError, UnsupportedError, reject_unknown, require_positive_int
+from ._graph import Graph
 from ._interpreter import bind, transform
-from ._layers import Layer, describe
+from ._layers import Layer
 
 _AXIS_NAMES = {"W": -1, "H": -2, "D": -3}
 
@@ -57,46 +60,79 @@ def _spatial_index(axis, layer: Layer, out_spec: tuple[int, ...]) -> int:
     return spatial_dims.index(index)
 
 
-def _tile_one_conv(eqn, lhs, rhs, *, spatial: int, tiles: int, layer: Layer):
+def _tile_one_conv(eqn, lhs, rhs, *epilogue, spatial: int, tiles: int):
+    """Stripes of one conv (or fused `conv_bias_act`: its bias is per channel,
+    its residual is sliced like the output), concatenated."""
     lhs_spec, _, out_spec = eqn.params["dimension_numbers"]
     in_axis, out_axis = lhs_spec[2 + spatial], out_spec[2 + spatial]
-    extent = layer.out_shape[out_axis]
-    if tiles > extent:
-        raise ConfigError(
-            f"tile_conv: {layer.label} has {extent} output rows along axis {out_axis}, "
-            f"cannot make {tiles} tiles; use tiles <= {extent} or exclude it with select="
-        )
     sliding = _regions.conv_axis(eqn, spatial)
     params = eqn.primitive.get_bind_params(eqn.params)
     stripes = []
-    for window in _regions.split(extent, tiles):
+    for window in _regions.split(sliding.out_size, tiles):
         region, pad = sliding.input_region(window)
         stripe = lax.slice_in_dim(lhs, region.start, region.stop, axis=in_axis)
         padding = list(params["padding"])
         padding[spatial] = pad
-        stripes.append(eqn.primitive.bind(stripe, rhs, **{**params, "padding": tuple(padding)}))
+        rest = [*epilogue[:1], *(lax.slice_in_dim(r, window.start, window.stop, axis=out_axis) for r in epilogue[1:])]
+        stripes.append(eqn.primitive.bind(stripe, rhs, *rest, **{**params, "padding": tuple(padding)}))
     return lax.concatenate(stripes, out_axis)
 
 
-def _conv_rules(axis, tiles: int, select: Callable[[Layer], bool] | None):
-    counter = itertools.count()
+def _stripes(layer: Layer, eqn, axis, tiles: int, chosen: bool, strict: bool) -> tuple[int, int] | None:
+    """`(spatial index, stripe count)` for one conv, or None to leave it whole."""
+    if any(d != 1 for d in layer.lhs_dilation) or layer.batch_groups != 1:
+        if not chosen:
+            return None
+        raise UnsupportedError(
+            f"tile_conv: {layer.label} has lhs_dilation {layer.lhs_dilation} and "
+            f"batch_group_count {layer.batch_groups}; only lhs_dilation 1 and "
+            "batch_group_count 1 can be tiled. Leave it out of select="
+        )
+    out_spec = eqn.params["dimension_numbers"][2]
+    spatial = _spatial_index(axis, layer, out_spec)
+    extent = layer.out_shape[out_spec[2 + spatial]]
+    if tiles > extent and (chosen or strict):
+        raise ConfigError(
+            f"tile_conv: {layer.label} has {extent} output rows along axis {out_spec[2 + spatial]}, "
+            f"cannot make {tiles} tiles; use tiles <= {extent} or exclude it with select="
+        )
+    return spatial, min(tiles, extent)
 
-    def conv(eqn, lhs, rhs):
-        layer = describe(eqn, next(counter))
+
+def _plan(closed, axis, tiles: int, select, strict: bool) -> dict:
+    """`{id(eqn): (spatial index, stripes)}` for every conv to tile; warns once
+    about the layers with fewer output rows than `tiles`."""
+    plan, clipped = {}, []
+    graph = Graph.of(closed)
+    layers = graph.described()
+    for op in graph.all_ops():
+        if op.primitive not in _TILED:
+            continue
+        layer = layers[id(op.eqn)]
         if select is not None and not select(layer):
-            return bind(eqn, lhs, rhs)[0]
-        if any(d != 1 for d in layer.lhs_dilation) or layer.batch_groups != 1:
-            if select is None:
-                return bind(eqn, lhs, rhs)[0]
-            raise UnsupportedError(
-                f"tile_conv: {layer.label} has lhs_dilation {layer.lhs_dilation} and "
-                f"batch_group_count {layer.batch_groups}; only lhs_dilation 1 and "
-                "batch_group_count 1 can be tiled. Leave it out of select="
-            )
-        spatial = _spatial_index(axis, layer, eqn.params["dimension_numbers"][2])
-        return _tile_one_conv(eqn, lhs, rhs, spatial=spatial, tiles=tiles, layer=layer)
+            continue
+        stripes = _stripes(layer, op.eqn, axis, tiles, select is not None, strict)
+        if stripes is None:
+            continue
+        if stripes[1] > 1:
+            plan[id(op.eqn)] = stripes
+        if stripes[1] < tiles:
+            clipped.append(f"{layer.label} ({stripes[1]})")
+    if clipped:
+        warnings.warn(
+            f"tile_conv: {len(clipped)} layer(s) have fewer than {tiles} output rows and get "
+            f"fewer stripes (in brackets): {', '.join(clipped)}. Pass strict=True to raise instead, "
+            "or select= to choose the layers to tile",
+            TilingWarning, stacklevel=4,
+        )
+    return plan
 
-    return {"conv_general_dilated": conv}
+
+_TILED = ("conv_general_dilated", "conv_bias_act")
+
+
+class TilingWarning(UserWarning):
+    """A transform tiled a layer less than asked (see the message)."""
 
 
 def tile_conv(
@@ -106,6 +142,7 @@ def tile_conv(
     axis: str | int | None = None,
     tiles: int | None = None,
     select: Callable[[Layer], bool] | None = None,
+    strict: bool = False,
     **unknown,
 ) -> Callable:
     """Split every convolution of `fn` into `tiles` stripes along output axis `axis`.
@@ -116,11 +153,15 @@ def tile_conv(
     - `axis`: `"H"`, `"W"` (`"D"` for 3-D convs), or an int index of a spatial
         dimension of the conv's output under its dimension numbers.
     - `tiles`: number of stripes; they differ in size by at most one row.
-    - `select`: optional predicate on a `jtile.Layer`; only convs it accepts are tiled.
+    - `select`: optional predicate on a `jtile.Layer`; only convs it accepts are tiled,
+        and each must have at least `tiles` output rows.
+    - `strict`: without `select`, a conv with fewer output rows than `tiles` gets one
+        stripe per row (a 1-row conv stays whole) and one `TilingWarning` lists them;
+        `strict=True` raises instead.
 
     **Returns:** a function with `fn`'s signature and outputs.
     """
-    reject_unknown("tile_conv", unknown, ("axis", "tiles", "select"))
+    reject_unknown("tile_conv", unknown, ("axis", "tiles", "select", "strict"))
     if axis is None or tiles is None:
         raise ConfigError("tile_conv: both axis= and tiles= are required, e.g. axis='H', tiles=4")
     require_positive_int("tile_conv", "tiles", tiles)
@@ -128,5 +169,22 @@ def tile_conv(
     if select is not None and not callable(select):
         raise ConfigError(f"tile_conv: select must be a predicate on jtile.Layer, got {select!r}")
     if fn is None:
-        return lambda f: tile_conv(f, axis=axis, tiles=tiles, select=select)
-    return transform(fn, "tile_conv", lambda closed: _conv_rules(axis, tiles, select))
+        return lambda f: tile_conv(f, axis=axis, tiles=tiles, select=select, strict=strict)
+    plans: dict = {}
+
+    def make_rules(closed):
+        if id(closed) not in plans or plans[id(closed)][0] is not closed:
+            plans[id(closed)] = (closed, _plan(closed, axis, tiles, select, strict))
+        plan = plans[id(closed)][1]
+
+        def conv(eqn, *invals):
+            if id(eqn) not in plan:
+                return bind(eqn, *invals)[0]
+            spatial, stripes = plan[id(eqn)]
+            return _tile_one_conv(eqn, *invals, spatial=spatial, tiles=stripes)
+
+        return dict.fromkeys(_TILED, conv)
+
+    return transform(fn, "tile_conv", make_rules, refuse={
+        "swap_backend": "kernel calls cannot be tiled; apply tile_conv first, swap_backend(tile_conv(f)) last",
+    })

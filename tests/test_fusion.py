@@ -310,3 +310,14 @@ def test_bad_arguments_raise():
         fusion.fold_batchnorm(jnp.sin, eps=1e-3)
     with pytest.raises(jtile.ConfigError, match="expected a function"):
         fusion.conv_bias_act(3)
+
+
+def test_two_products_added_are_not_a_bias(getkey):
+    """`x1 @ w1 + x2 @ w2` (split_gemm's K halves): neither product is the
+    other's bias, and both survive fusion."""
+    x, w = jax.random.normal(getkey(), (1, 8)), jax.random.normal(getkey(), (8, 4))
+
+    def f(x, w):
+        return x[:, :4] @ w[:4] + x[:, 4:] @ w[4:]
+
+    np.testing.assert_allclose(jtile.fuse(f)(x, w), x @ w, rtol=1e-5, atol=1e-6)

@@ -248,7 +248,9 @@ def test_bad_configuration_is_rejected(kwargs, match):
 def test_bad_calls_are_rejected(getkey):
     x, w = jax.random.normal(getkey(), (1, 2, 3, 8)), jax.random.normal(getkey(), (2, 2, 3, 3))
     with pytest.raises(jtile.ConfigError, match="has 3 output rows along axis 2, cannot make 4 tiles; use tiles <= 3"):
-        jtile.tile_conv(_conv, axis="H", tiles=4)(x, w)
+        jtile.tile_conv(_conv, axis="H", tiles=4, strict=True)(x, w)
+    with pytest.raises(jtile.ConfigError, match="has 3 output rows along axis 2, cannot make 4 tiles"):
+        jtile.tile_conv(_conv, axis="H", tiles=4, select=lambda layer: True)(x, w)
     with pytest.raises(jtile.ConfigError, match="axis 1 is not a spatial dimension"):
         jtile.tile_conv(_conv, axis=1, tiles=2)(x, w)
     with pytest.raises(jtile.ConfigError, match="must return arrays"):
@@ -257,3 +259,21 @@ def test_bad_calls_are_rejected(getkey):
         jtile.tile_conv(lambda x, w: (_conv(x, w), 3.0), axis="H", tiles=2)(x, w)
     with pytest.raises(jtile.ConfigError, match="unhashable"):
         jtile.tile_conv(lambda x, w, opts: _conv(x, w), axis="H", tiles=2)(x, w, {1})
+
+
+def test_small_unselected_layers_get_fewer_stripes_and_one_warning(getkey):
+    """A squeeze-excitation 1x1 conv on a 1x1 map stays whole, a 3-row conv gets
+    3 stripes, and one warning names both."""
+    x = jax.random.normal(getkey(), (1, 4, 3, 8))
+    w, w_se = jax.random.normal(getkey(), (4, 4, 3, 3)), jax.random.normal(getkey(), (4, 4, 1, 1))
+
+    def f(x, w, w_se):
+        y = _conv(x, w)
+        s = _conv(jnp.mean(y, axis=(2, 3), keepdims=True), w_se, padding=((0, 0), (0, 0)))
+        return y * jax.nn.sigmoid(s)
+
+    tiled = jtile.tile_conv(f, axis="H", tiles=4)
+    with pytest.warns(jtile.tiling.TilingWarning, match=r"2 layer\(s\).*conv2d #0 \(3\), conv2d #1 \(1\)"):
+        jaxpr = jax.make_jaxpr(tiled)(x, w, w_se)
+    assert _count(jaxpr, "conv_general_dilated") == 3 + 1
+    np.testing.assert_allclose(jax.jit(tiled)(x, w, w_se), f(x, w, w_se), rtol=RTOL, atol=ATOL)

@@ -19,9 +19,8 @@ import jax
 from .._errors import ConfigError, JtileError, require_positive_int
 from .._interpreter import bind, eval_jaxpr, is_array
 from .._layers import Layer
-from ._graph import Op, trace_graph
-from ._roles import as_call
-from ._rows import group
+from .._graph import Op, trace_graph
+from .._roles import as_call
 
 Select = Callable[[Layer], bool] | Collection[str] | None
 
@@ -54,7 +53,7 @@ def _wanted(rows, select: Select) -> dict[tuple[int, int], str]:
 
 
 class _Recorder:
-    """A rule for every primitive: bind unchanged, keep the wanted outputs."""
+    """The default rule: bind unchanged, keep the wanted outputs."""
 
     def __init__(self, ops: list[Op], wanted: dict[tuple[int, int], str]):
         self.ops, self.wanted, self.next = ops, wanted, 0
@@ -73,9 +72,6 @@ class _Recorder:
             if (op.index, k) in self.wanted:
                 self.captured[self.wanted[(op.index, k)]] = x
         return outs if eqn.primitive.multiple_results else outs[0]
-
-    def rules(self) -> dict:
-        return {op.primitive: self for op in self.ops}
 
 
 def intercept(
@@ -97,12 +93,12 @@ def intercept(
             "so pass arrays (jtile.summary accepts shapes)"
         )
     graph = trace_graph("jtile.intercept", fn, args, kwargs)
-    wanted = _wanted(group(graph, depth), select)
+    wanted = _wanted(graph.layers(depth), select)
     closed = graph.closed
 
     def run(*leaves):
         recorder = _Recorder(graph.ops, wanted)
-        outs = eval_jaxpr(closed.jaxpr, closed.consts, *leaves, rules=recorder.rules())
+        outs = eval_jaxpr(closed.jaxpr, closed.consts, *leaves, rules={}, default=recorder)
         return outs, recorder.captured
 
     outs, captured = jax.jit(run)(*[x for x in leaves if is_array(x)])

@@ -27,10 +27,9 @@ import numpy as np
 
 from .._errors import require_positive_int
 from .._layers import Layer
-from ._graph import Graph, trace_graph
+from .._graph import Graph, LayerGroup, bits, trace_graph
+from .._macs import CATEGORIES
 from ..gemm import tiles_per_layer
-from ._macs import CATEGORIES
-from ._rows import Row, group
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,18 +116,11 @@ def _plain(v):
     return str(v) if isinstance(v, np.dtype) else v
 
 
-def _bits(mask: int):
-    while mask:
-        low = mask & -mask
-        yield low.bit_length() - 1
-        mask ^= low
-
-
 def _popcount_size(mask: int, graph: Graph) -> int:
-    return sum(graph.leaves[i].size for i in _bits(mask))
+    return sum(graph.leaves[i].size for i in bits(mask))
 
 
-def _cost(row: Row, index: int, graph: Graph) -> LayerCost:
+def _cost(row: LayerGroup, index: int, graph: Graph) -> LayerCost:
     owned = row.params
     return LayerCost(
         name=row.name,
@@ -145,8 +137,8 @@ def _cost(row: Row, index: int, graph: Graph) -> LayerCost:
     )
 
 
-def _parameters(graph: Graph, rows: list[Row]) -> tuple[Parameter, ...]:
-    owner = {i: row.name for row in rows for i in _bits(row.params)}
+def _parameters(graph: Graph, rows: list[LayerGroup]) -> tuple[Parameter, ...]:
+    owner = {i: row.name for row in rows for i in bits(row.params)}
     return tuple(
         Parameter(leaf.path, leaf.shape, str(leaf.dtype), bool(graph.trainable >> i & 1),
                   owner.get(i))
@@ -177,8 +169,8 @@ def summary(fn: Callable, *args, depth: int | None = None, **kwargs) -> Summary:
     if depth is not None:
         require_positive_int("jtile.summary", "depth", depth)
     graph = trace_graph("jtile.summary", fn, args, kwargs)
-    leaf_rows = group(graph)
-    rows = leaf_rows if depth is None else group(graph, depth)
+    leaf_rows = graph.layers()
+    rows = leaf_rows if depth is None else graph.layers(depth)
     macs = sum((r.macs for r in leaf_rows), Counter())
     computing = [r for r in leaf_rows if any(v.data for v in r.outputs)]
     traffic = [(r.input_bytes + r.output_bytes, r.name) for r in computing] or [(0, "")]
@@ -189,7 +181,7 @@ def summary(fn: Callable, *args, depth: int | None = None, **kwargs) -> Summary:
         total_params=sum(leaf.size for leaf in graph.leaves if leaf.is_param),
         trainable_params=_popcount_size(graph.trainable, graph),
         weight_bytes=sum(leaf.nbytes for leaf in graph.leaves if leaf.is_param),
-        input_bytes=sum(leaf.nbytes for leaf in graph.leaves if not leaf.is_param),
+        input_bytes=sum(v.nbytes for v in graph.inputs if v.role == "input"),
         macs_by_category={k: macs.get(k, 0) for k in CATEGORIES},
         activation_bytes=sum(v.nbytes for r in computing for v in r.outputs if v.data),
         peak_bandwidth_bytes=max(traffic)[0],
@@ -197,13 +189,13 @@ def summary(fn: Callable, *args, depth: int | None = None, **kwargs) -> Summary:
         bandwidth_bytes=sum(t for t, _ in traffic),
         uncounted=tuple(sorted({p for op in graph.ops for p in op.uncounted})),
         untransformed_macs=None if base is None else _total_macs(base, args, kwargs),
-        gemm_tiles=tiles_per_layer(graph.closed),
+        gemm_tiles=tiles_per_layer(graph),
     )
 
 
 def _total_macs(fn: Callable, args: tuple, kwargs: dict) -> int:
     graph = trace_graph("jtile.summary", fn, args, kwargs)
-    return sum(sum(r.macs.values()) for r in group(graph))
+    return sum(sum(r.macs.values()) for r in graph.layers())
 
 
 # ---------------------------------------------------------------- rendering

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from .. import models
-from .._interpreter import iter_eqns, make_jaxpr
+from .._graph import graph
 from ..tiling import tile_conv
 
 HELP = "Tile a zoo model's convolutions into stripes and check the outputs are unchanged."
@@ -40,7 +40,7 @@ def _step(label: str):
 
 
 def _op_counts(fn, *args) -> collections.Counter:
-    return collections.Counter(e.primitive.name for e in iter_eqns(make_jaxpr(fn, *args).jaxpr))
+    return collections.Counter(op.primitive for op in graph(fn, *args).all_ops())
 
 
 def _print_op_counts(before: collections.Counter, after: collections.Counter) -> None:
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     def apply(model, x):
         return model(x)
 
-    tiled = tile_conv(apply, axis=axis, tiles=args.tiles)
+    tiled = tile_conv(apply, axis=axis, tiles=args.tiles, strict=True)
     with _step("compiling and running the original"):
         expected = np.asarray(eqx.filter_jit(apply)(model, x))
     with _step("tiling, compiling and running"):

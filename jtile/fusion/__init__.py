@@ -32,13 +32,20 @@ import functools
 from collections.abc import Callable, Sequence
 
 from .._errors import ConfigError, reject_unknown
-from .._interpreter import transform
+from .._interpreter import applied, refuse_after, transform
 from ._chains import Affine, BiasAct
 from ._plan import chain_rules
 from ._simplify import drop_identity_rules, fold_constants_rules
 
 ORDER = ("drop_identity", "fold_batchnorm", "dense", "conv_bias_act", "fold_constants")
 DEFAULT = ("fold_batchnorm", "dense", "conv_bias_act", "fold_constants", "drop_identity")
+
+
+# Orders fusion cannot follow, and the order to use instead.
+REFUSE = {
+    "swap_backend": "kernel calls cannot be fused; fuse first, swap_backend(fuse(f)) last",
+    "tile_conv": "stripes are fused one by one only if fused before tiling; use tile_conv(fuse(f))",
+}
 
 
 def _recipe(name: str, apply: Callable) -> Callable:
@@ -53,26 +60,26 @@ def _recipe(name: str, apply: Callable) -> Callable:
 
 
 fold_batchnorm = _recipe(
-    "fold_batchnorm", lambda fn: transform(fn, "fold_batchnorm", chain_rules(Affine()))
+    "fold_batchnorm", lambda fn: transform(fn, "fold_batchnorm", chain_rules(Affine()), refuse=REFUSE)
 )
 fold_batchnorm.__doc__ = "Fold batch norm (any per-channel affine chain) into the preceding conv or dot."
 dense = _recipe(
-    "dense", lambda fn: transform(fn, "dense", chain_rules(BiasAct("dot_general")))
+    "dense", lambda fn: transform(fn, "dense", chain_rules(BiasAct("dot_general")), refuse=REFUSE)
 )
 dense.__doc__ = "Fuse `dot_general -> add(bias) -> activation` into one `jtile._fused.dense_p`."
 conv_bias_act = _recipe(
     "conv_bias_act",
-    lambda fn: transform(fn, "conv_bias_act", chain_rules(BiasAct("conv_general_dilated"))),
+    lambda fn: transform(fn, "conv_bias_act", chain_rules(BiasAct("conv_general_dilated")), refuse=REFUSE),
 )
 conv_bias_act.__doc__ = (
     "Fuse `conv -> add(bias) [-> add(residual)] -> activation` into one `jtile._fused.conv_bias_act_p`."
 )
 fold_constants = _recipe(
-    "fold_constants", lambda fn: transform(fn, "fold_constants", fold_constants_rules)
+    "fold_constants", lambda fn: transform(fn, "fold_constants", fold_constants_rules, refuse=REFUSE)
 )
 fold_constants.__doc__ = "Evaluate at trace time every op whose operands are all constants."
 drop_identity = _recipe(
-    "drop_identity", lambda fn: transform(fn, "drop_identity", drop_identity_rules)
+    "drop_identity", lambda fn: transform(fn, "drop_identity", drop_identity_rules, refuse=REFUSE)
 )
 drop_identity.__doc__ = "Remove ops that return their operand unchanged."
 
@@ -104,9 +111,20 @@ def fuse(fn: Callable | None = None, /, *, recipes: Sequence[str] = DEFAULT, **u
         return functools.partial(fuse, recipes=recipes)
     if not callable(fn):
         raise ConfigError(f"fuse: expected a function to transform, got {fn!r}")
-    out = fn
+    refuse_after(fn, "fuse", {**REFUSE, **dict.fromkeys(
+        ("fuse", "fold_params"), "it is fused already, so fusing again would change nothing",
+    )})
+    return _mark(_chain(fn, chosen), fn, "fuse")
+
+
+def _chain(fn: Callable, chosen: tuple[str, ...]) -> Callable:
     for name in chosen:
-        out = RECIPES[name](out)
+        fn = RECIPES[name](fn)
+    return fn
+
+
+def _mark(out: Callable, fn: Callable, name: str) -> Callable:
+    out.__jtile_transforms__ = (*applied(fn), name)
     return out
 
 
@@ -117,9 +135,10 @@ def fold_params(fn: Callable, params, /, *, recipes: Sequence[str] = DEFAULT, **
     holds the folded weights as constants. `fold_constants` is always applied.
     """
     reject_unknown("fold_params", unknown, ("recipes",))
-    chosen = _check_recipes(recipes)
+    chosen = _check_recipes((*_check_recipes(recipes), "fold_constants"))
+    refuse_after(fn, "fold_params", REFUSE)
     bound = functools.wraps(fn)(functools.partial(fn, params))
-    return fuse(bound, recipes=(*chosen, "fold_constants"))
+    return _mark(_chain(bound, chosen), fn, "fold_params")
 
 
 __all__ = [

@@ -225,8 +225,8 @@ class BiasAct(ChainRecipe):
         name = eqn.primitive.name
         if name == "select_n":
             return self._leaky(states, consts)
-        if name == "add" and len(states) == 2:
-            return self._residual(states[0], invals[1], eqn)
+        if name == "add" and len(states) == 2:  # two chains meet: a shortcut, for convs only
+            return self._residual(states[0], invals[1], eqn) if self._residuals else None
         if len(states) != 1 or isinstance(next(iter(states.values())), Deferred):
             return None
         ((pos, chain),) = states.items()

@@ -1,9 +1,9 @@
 """Chain fusion on the one interpreter: plan on the dataflow, fuse while evaluating.
 
 A chain starts at a producer (a conv, a dot) and continues through consumers
-that accept it (a bias add, a batch-norm scale, a `max` with 0). Planning walks
-the jaxpr read-only, looking through the calls the interpreter inlines (`jit`,
-`custom_jvp_call`, ...) so that `jax.nn.relu` does not hide its `max`, and
+that accept it (a bias add, a batch-norm scale, a `max` with 0). Planning reads
+the uses of every value from `jtile.Graph` (the inlined jaxpr, so that
+`jax.nn.relu` does not hide its `max`, and the bodies of control flow), and
 marks an equation *absorbed* when, at every place its jaxpr is used, its one
 output has exactly one consumer and that consumer accepts a chain at that
 operand (or its consumers are a group the recipe accepts together: the three
@@ -34,6 +34,7 @@ import jax.extend.core as jcore
 import numpy as np
 from jax._src import source_info_util
 
+from .._graph import Graph
 from .._interpreter import bind
 
 
@@ -46,34 +47,33 @@ class _Const:
 
 
 @dataclasses.dataclass
-class _Walk:
-    """The flattened dataflow of a jaxpr: uses of every value at every call site."""
+class _Uses:
+    """The uses of every value of a graph and of its control-flow bodies."""
 
     users: dict = dataclasses.field(default_factory=lambda: defaultdict(list))
     escaped: set = dataclasses.field(default_factory=set)
     occurrences: list = dataclasses.field(default_factory=list)
 
-    def run(self, jaxpr: jcore.Jaxpr, env: dict) -> list:
-        def key(v):
-            if isinstance(v, jcore.Literal):
-                return _Const(v.val)
-            return env.setdefault(v, object())
+    def add(self, graph: Graph) -> None:
+        alias: dict = {}  # a dtype conversion of a literal is that literal
 
-        for eqn in jaxpr.eqns:
-            ins = [key(v) for v in eqn.invars]
-            if eqn.primitive.name == "convert_element_type" and isinstance(ins[0], _Const):
-                env[eqn.outvars[0]] = ins[0]
-            outs = [key(v) for v in eqn.outvars]
-            subs = list(jcore.jaxprs_in_params(eqn.params))
-            for sub in subs:
-                self.escaped.update(self.run(sub, {}))
-            if subs:
+        def key(v):
+            return _Const(v.var.val) if v.role == "literal" else alias.get(v, v)
+
+        self.escaped.update(key(v) for v in graph.outputs)
+        for op in graph.ops:
+            ins = [key(v) for v in op.ins]
+            if op.primitive == "convert_element_type" and isinstance(ins[0], _Const):
+                alias[op.outs[0]] = ins[0]
+            outs = [key(v) for v in op.outs]
+            for sub in op.subgraphs:
+                self.add(sub)
+            if op.subgraphs:
                 self.escaped.update(ins)
             else:
                 for i, k in enumerate(ins):
-                    self.users[k].append((eqn, i, outs))
-            self.occurrences.append((eqn, ins, outs))
-        return [key(v) for v in jaxpr.outvars]
+                    self.users[k].append((op.eqn, i, outs))
+            self.occurrences.append((op.eqn, ins, outs))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,8 +89,8 @@ class Plan:
 
 def make_plan(closed: jcore.ClosedJaxpr, recipe: "ChainRecipe") -> Plan:
     """Plan `recipe`'s chains on `closed`."""
-    walk = _Walk()
-    walk.escaped.update(walk.run(closed.jaxpr, {}))
+    walk = _Uses()
+    walk.add(Graph.of(closed))
     consts: dict = {}
     for eqn, ins, _ in walk.occurrences:
         c = tuple(k.value if isinstance(k, _Const) else None for k in ins)

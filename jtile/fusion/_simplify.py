@@ -23,7 +23,8 @@ import jax
 import numpy as np
 from jax.extend.core import Literal
 
-from .._interpreter import CONTROL_FLOW, bind, is_known, iter_eqns
+from .._graph import Graph
+from .._interpreter import CONTROL_FLOW, bind, is_known
 
 
 def _fold_rule(max_growth: float, eqn, *invals):
@@ -40,7 +41,7 @@ def _fold_rule(max_growth: float, eqn, *invals):
 
 def fold_constants_rules(closed, max_growth: float = 1.0) -> dict:
     """Rules folding every primitive of `closed` (but calls and control flow)."""
-    names = {e.primitive.name for e in iter_eqns(closed.jaxpr)} - set(CONTROL_FLOW)
+    names = {op.primitive for op in Graph.of(closed).all_ops()} - set(CONTROL_FLOW)
     return {name: functools.partial(_fold_rule, max_growth) for name in names}
 
 

@@ -4,7 +4,8 @@ An emitter is `emit(graph, eqn, *input_names) -> output name(s)`; `graph` is
 `export.Graph` (`node(op, inputs, **attrs)`, `const(value)`). Layout-generic
 primitives (`dot_general`, `conv_general_dilated`, `reduce_window_*`) are
 transposed into the layout ONNX wants and back, with no-op transposes and
-reshapes skipped.
+reshapes skipped. Each emitter is the `onnx` facet of its primitive's
+`jtile._registry` entry.
 """
 
 import math
@@ -13,6 +14,7 @@ import numpy as np
 from onnx import helper
 
 from .._errors import OnnxError
+from .._registry import register
 
 
 def _in_shape(eqn, i: int = 0) -> tuple[int, ...]:
@@ -267,7 +269,7 @@ def _dense(g, eqn, lhs, rhs, bias):
     return activation(g, y, eqn.params["activation"], _out(eqn).dtype)
 
 
-EMITTERS = {
+_EMITTERS = {  # registered below, one registry entry each
     **{p: _binary(op) for p, op in {
         "add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "max": "Max", "min": "Min",
         "pow": "Pow", "eq": "Equal", "lt": "Less", "le": "LessOrEqual", "gt": "Greater",
@@ -316,3 +318,6 @@ EMITTERS = {
     "conv_bias_act": _conv_bias_act,
     "dense": _dense,
 }
+
+for _name, _emitter in _EMITTERS.items():
+    register(_name, onnx=_emitter)

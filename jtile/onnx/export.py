@@ -1,9 +1,9 @@
 """`export`: the jaxpr of any function (a rewritten one too) as an ONNX model.
 
 `export(fn, *args, params=None, path=None)` traces `fn` with filter semantics
-(array leaves traced, others static), walks the jaxpr read-only with calls
-(`jit`, custom derivatives) inlined, and writes one or a few ONNX nodes per
-equation:
+(array leaves traced, others static), reads its ops from `jtile.Graph` (calls
+such as `jit` and custom derivatives inlined), and writes one or a few ONNX
+nodes per op:
 
 - every array leaf of `args` becomes a graph input, named by its pytree path;
 - with `params=`, the function is called as `fn(params, *args)` and the array
@@ -36,13 +36,14 @@ import jax
 import jax.extend.core as jcore
 import numpy as np
 import onnx
-from jax._src import source_info_util
 from jax._src.interpreters import partial_eval as pe
 from onnx import helper, numpy_helper
 
+from .. import _graph as jtile_graph
 from .._errors import OnnxError
 from .._interpreter import make_jaxpr
-from ._export_ops import EMITTERS
+from .. import _registry
+from . import _export_ops  # noqa: F401  (registers the emitters)
 
 OPSET = 18
 
@@ -91,20 +92,19 @@ class _Exporter:
         self.graph = graph
 
     def read(self, env: dict, v) -> str:
-        if isinstance(v, jcore.Literal):
-            return self.graph.const(np.asarray(v.val, dtype=v.aval.dtype))
+        if v.role == "literal":
+            return self.graph.const(np.asarray(v.var.val, dtype=v.dtype))
         return env[v]
 
-    def run(self, jaxpr: jcore.Jaxpr, env: dict, stack) -> list[str]:
-        for eqn in jaxpr.eqns:
-            ins = [self.read(env, v) for v in eqn.invars]
-            eqn_stack = stack + eqn.source_info.name_stack
-            if all(i in self.graph.constants for i in ins) and not list(jcore.jaxprs_in_params(eqn.params)):
-                outs = self.fold(eqn, ins)
+    def run(self, dataflow: jtile_graph.Graph, env: dict) -> list[str]:
+        for op in dataflow.ops:
+            ins = [self.read(env, v) for v in op.ins]
+            if all(i in self.graph.constants for i in ins) and not op.subgraphs:
+                outs = self.fold(op.eqn, ins)
             else:
-                outs = self.emit(eqn, ins, str(eqn_stack))
-            env.update(zip(eqn.outvars, outs))
-        return [self.read(env, v) for v in jaxpr.outvars]
+                outs = self.emit(op.eqn, ins, op.scope)
+            env.update(zip(op.outs, outs))
+        return [self.read(env, v) for v in dataflow.outputs]
 
     def fold(self, eqn, ins: list[str]) -> list[str]:
         values = [self.graph.constants[i] for i in ins]
@@ -115,11 +115,11 @@ class _Exporter:
 
     def emit(self, eqn, ins: list[str], scope: str) -> list[str]:
         name = eqn.primitive.name
-        emitter = EMITTERS.get(name)
+        emitter = _registry.facet(eqn, "onnx")
         if emitter is None:
             raise OnnxError(
                 f"export: primitive {name!r} in layer {scope or '<top level>'!r} has no ONNX mapping "
-                f"(exportable: {', '.join(sorted(EMITTERS))}); rewrite or remove it before exporting"
+                f"(exportable: {', '.join(sorted(n for n, e in _registry.entries().items() if e.onnx))}); rewrite or remove it before exporting"
             )
         self.graph.scope = scope
         out = emitter(self.graph, eqn, *ins)
@@ -161,17 +161,18 @@ def export(
         raise OnnxError(f"export: {len(jaxpr.invars)} traced arguments but {len(arg_names)} array leaves")
 
     graph = Graph()
-    env = {v: graph.const(c) for v, c in zip(jaxpr.constvars, closed.consts)}
+    dataflow = jtile_graph.Graph(jcore.ClosedJaxpr(jaxpr, closed.consts))
+    env = {v: graph.const(c) for v, c in zip(dataflow.consts, closed.consts)}
     flat_params = [x for x in jax.tree.leaves(params) if isinstance(x, (jax.Array, np.ndarray, np.generic))]
-    for v, n, value in zip(jaxpr.invars[:n_params], arg_names, flat_params):
+    for v, n, value in zip(dataflow.inputs[:n_params], arg_names, flat_params):
         env[v] = graph.const(np.asarray(value), name=n)
     inputs = []
-    for v, n in zip(jaxpr.invars[n_params:], arg_names[n_params:]):
+    for v, n in zip(dataflow.inputs[n_params:], arg_names[n_params:]):
         env[v] = n
         inputs.append(_value_info(n, v.aval))
-    for v, n in zip(jaxpr.invars[:n_params], arg_names[:n_params]):
+    for n in arg_names[:n_params]:
         graph.constants.pop(n)  # a weight is a value, not a foldable constant
-    outs = _Exporter(graph).run(jaxpr, env, source_info_util.new_name_stack())
+    outs = _Exporter(graph).run(dataflow, env)
 
     outputs = []
     for i, (o, v) in enumerate(zip(outs, jaxpr.outvars)):

@@ -1,4 +1,4 @@
-"""Multiply-accumulate counts per primitive: the one table `summary` reads.
+"""Multiply-accumulate counts per primitive, registered as each entry's `macs` facet.
 
 Each primitive maps to a category (grouped as ptflops groups its modules:
 conv, dense, pool, norm, activation, elementwise) and a rule giving the MACs
@@ -18,9 +18,9 @@ of one equation:
 | `cond`                            | its body's  | the most expensive branch                       |
 | `while`                           | its body's  | body + cond, counted once (trip count unknown)  |
 | `conv_bias_act`, `dense` (fusion) | conv, dense | as conv / dot, plus bias and activation         |
-| `ffi_call` to a `jtile.kernels`   | conv, dense,| as the op it implements (from the input and the |
-|   target                          | pool        | layer's geometry, whatever the weight's packing)|
-|                                   |             | plus its bias, residual and activation epilogue |
+| `ffi_call` to a `jtile.kernels`   | conv, dense,| as the layer it runs (registered by             |
+|   target                          | pool        | `jtile.kernels` beside the target), plus its    |
+|                                   |             | bias, residual and activation epilogue          |
 
 The norm category is given by `summary` to the arithmetic of a layer that
 computes `rsqrt`/`sqrt` without a conv or dot (batch, layer, group norm).
@@ -40,10 +40,12 @@ from collections.abc import Callable
 import jax.extend.core as jcore
 import numpy as np
 
+from ._registry import facet, key, register
+
 CATEGORIES = ("conv", "dense", "pool", "norm", "activation", "elementwise")
 
 
-def _out_elements(eqn) -> int:
+def out_elements(eqn) -> int:
     return sum(math.prod(v.aval.shape) for v in eqn.outvars)
 
 
@@ -54,29 +56,29 @@ def _in_elements(eqn) -> int:
 def _conv(eqn) -> int:
     rhs_spec = eqn.params["dimension_numbers"][1]
     rhs = eqn.invars[1].aval.shape
-    return _out_elements(eqn) * math.prod(rhs) // rhs[rhs_spec[0]]
+    return out_elements(eqn) * math.prod(rhs) // rhs[rhs_spec[0]]
 
 
 def _dot(eqn) -> int:
     (lhs_contract, _), _ = eqn.params["dimension_numbers"]
     lhs = eqn.invars[0].aval.shape
-    return _out_elements(eqn) * math.prod(lhs[d] for d in lhs_contract)
+    return out_elements(eqn) * math.prod(lhs[d] for d in lhs_contract)
 
 
 def _window(eqn) -> int:
-    return _out_elements(eqn) * math.prod(eqn.params["window_dimensions"])
+    return out_elements(eqn) * math.prod(eqn.params["window_dimensions"])
 
 
 def _is_scalar(v) -> bool:
     return isinstance(v, jcore.Literal) or math.prod(v.aval.shape) == 1
 
 
-def _max_min(eqn) -> tuple[str, int]:
+def _max_min(eqn) -> Counter:
     kind = "activation" if any(_is_scalar(v) for v in eqn.invars) else "elementwise"
-    return kind, _out_elements(eqn)
+    return Counter({kind: out_elements(eqn)})
 
 
-_RULES: dict[str, tuple[str, Callable]] = {
+_RULES: dict[str, tuple[str, Callable]] = {  # registered below, one entry each
     "conv_general_dilated": ("conv", _conv),
     "dot_general": ("dense", _dot),
     **{p: ("pool", _window) for p in (
@@ -86,10 +88,10 @@ _RULES: dict[str, tuple[str, Callable]] = {
         "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and",
         "reduce_or", "argmax", "argmin", "cumsum", "cummax", "cumlogsumexp",
     )},
-    **{p: ("activation", _out_elements) for p in (
+    **{p: ("activation", out_elements) for p in (
         "logistic", "tanh", "erf", "erfc", "clamp",
     )},
-    **{p: ("elementwise", _out_elements) for p in (
+    **{p: ("elementwise", out_elements) for p in (
         "add", "add_any", "sub", "mul", "div", "rem", "neg", "abs", "sign", "pow",
         "integer_pow", "square", "sqrt", "rsqrt", "cbrt", "exp", "exp2", "expm1",
         "log", "log1p", "sin", "cos", "tan", "atan2", "asin", "acos", "atan", "sinh",
@@ -110,103 +112,51 @@ _RULES: dict[str, tuple[str, Callable]] = {
 }
 
 
-def _closed_macs(closed) -> tuple[Counter, set]:
-    jaxpr = closed.jaxpr if isinstance(closed, jcore.ClosedJaxpr) else closed
-    total, uncounted = Counter(), set()
-    for eqn in jaxpr.eqns:
-        macs, missing = eqn_macs(eqn)
-        total += macs
-        uncounted |= missing
-    return total, uncounted
-
-
 def _scaled(counter: Counter, factor: int) -> Counter:
     return Counter({k: v * factor for k, v in counter.items()})
 
 
-def _sub_jaxprs_macs(eqn) -> tuple[Counter, set]:
-    name, p = eqn.primitive.name, eqn.params
-    if name == "scan":
-        macs, missing = _closed_macs(p["jaxpr"])
-        return _scaled(macs, p["length"]), missing
-    if name == "cond":
-        counted = [_closed_macs(b) for b in p["branches"]]
-        macs, _ = max(counted, key=lambda c: sum(c[0].values()))
-        return macs, set().union(*(m for _, m in counted))
-    total, uncounted = Counter(), set()
-    for sub in jcore.jaxprs_in_params(p):  # jit-like calls, while (body + cond once)
-        macs, missing = _closed_macs(sub)
-        total += macs
-        uncounted |= missing
-    return total, uncounted
+def _control_flow(eqn, bodies: list[tuple[Counter, set]]) -> tuple[Counter, set]:
+    """MACs of control flow from those of its bodies (in `jaxprs_in_params` order)."""
+    uncounted = set().union(*(m for _, m in bodies))
+    if eqn.primitive.name == "scan":
+        return _scaled(bodies[0][0], eqn.params["length"]), uncounted
+    if eqn.primitive.name == "cond":
+        return max((c for c, _ in bodies), key=lambda c: sum(c.values())), uncounted
+    return sum((c for c, _ in bodies), Counter()), uncounted  # while: body + cond, once
 
 
-def _epilogue(eqn, adds: int, activation) -> Counter:
+def epilogue(eqn, adds: int, activation) -> Counter:
     """The bias and residual adds and the activation a fused op or kernel applies to its output."""
-    out = _out_elements(eqn)
+    out = out_elements(eqn)
     return Counter({"elementwise": out * adds, "activation": out if activation else 0})
 
 
 def _fused(eqn) -> Counter:
     kind, rule = _RULES["conv_general_dilated" if eqn.primitive.name == "conv_bias_act" else "dot_general"]
-    return Counter({kind: rule(eqn)}) + _epilogue(eqn, len(eqn.invars) - 2, eqn.params["activation"])
+    return Counter({kind: rule(eqn)}) + epilogue(eqn, len(eqn.invars) - 2, eqn.params["activation"])
 
 
-def _attribute(eqn, name: str) -> np.ndarray | None:
-    """An FFI call's array attribute (stored as a HashableArray), or None."""
-    value = dict(eqn.params["attributes"] or ()).get(name)
-    return None if value is None else np.asarray(getattr(value, "val", value))
+def _counted(kind: str, rule: Callable) -> Callable:
+    def macs(eqn) -> Counter:
+        n = rule(eqn)
+        return Counter({kind: n}) if n else Counter()
+
+    return macs
 
 
-def _kernel_conv(eqn) -> int:
-    """Output elements x input channels per group x window: the weight may be
-    OIHW or packed for the GEMM ("kernel" attribute [O, KH, KW]), so the
-    window comes from the attributes when they carry it."""
-    groups = int(_attribute(eqn, "conv")[8])  # stride, pads, dilation, groups
-    kernel = _attribute(eqn, "kernel")
-    window = kernel[1:] if kernel is not None else eqn.invars[1].aval.shape[2:]
-    return _out_elements(eqn) * eqn.invars[0].aval.shape[1] // groups * math.prod(int(k) for k in window)
+for _name, (_kind, _rule) in _RULES.items():
+    register(_name, macs=_counted(_kind, _rule))
+for _name in ("max", "min"):
+    register(_name, macs=_max_min)
+for _name in ("conv_bias_act", "dense"):
+    register(_name, macs=_fused)
 
 
-def _kernel_pool(eqn) -> int:
-    window = _attribute(eqn, "pool")[:2]  # window h, w, stride h, w, pads
-    return _out_elements(eqn) * int(np.prod(window))
-
-
-_KERNELS: dict[str, tuple[str, Callable]] = {  # jtile.kernels FFI targets (x NCHW, x (M, K))
-    "jtile_dense": ("dense", lambda eqn: _out_elements(eqn) * eqn.invars[0].aval.shape[1]),
-    "jtile_max_pool2d": ("pool", _kernel_pool),
-    "jtile_avg_pool2d": ("pool", _kernel_pool),
-    "jtile_global_avg_pool2d": ("pool", _in_elements),
-}
-
-
-def _kernel(eqn) -> Counter | None:
-    target = eqn.params["target_name"]
-    kind, rule = ("conv", _kernel_conv) if target.startswith("jtile_conv") else _KERNELS.get(target, (None, None))
-    if rule is None:
-        return None
-    attributes = dict(eqn.params["attributes"] or ())
-    # (x, weight[, bias[, residual]]); an empty residual buffer is none.
-    epilogue = [v for v in eqn.invars[2:4] if math.prod(v.aval.shape)] if kind in ("conv", "dense") else []
-    return Counter({kind: rule(eqn)}) + _epilogue(eqn, len(epilogue), attributes.get("activation"))
-
-
-def eqn_macs(eqn) -> tuple[Counter, set[str]]:
-    """MACs of `eqn` by category, and the primitives that had no rule."""
-    name = eqn.primitive.name
-    if name in ("conv_bias_act", "dense"):
-        return _fused(eqn), set()
-    if name == "ffi_call":
-        macs = _kernel(eqn)
-        return (Counter(), {f"ffi_call:{eqn.params['target_name']}"}) if macs is None else (macs, set())
-    if name in ("max", "min"):
-        kind, macs = _max_min(eqn)
-        return Counter({kind: macs}), set()
-    if name in _RULES:
-        kind, rule = _RULES[name]
-        macs = rule(eqn)
-        return (Counter({kind: macs}) if macs else Counter()), set()
-    if any(True for _ in jcore.jaxprs_in_params(eqn.params)):
-        return _sub_jaxprs_macs(eqn)
-    return Counter(), {name}
+def eqn_macs(eqn, bodies: list[tuple[Counter, set]] = ()) -> tuple[Counter, set[str]]:
+    """MACs of `eqn` by category, and the ops that had no rule; a
+    control-flow equation needs the `(MACs, uncounted)` of its `bodies`."""
+    if bodies:
+        return _control_flow(eqn, list(bodies))
+    rule = facet(eqn, "macs")
+    return (Counter(), {key(eqn)}) if rule is None else (rule(eqn), set())

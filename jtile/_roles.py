@@ -21,9 +21,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from .._interpreter import is_array
-from ..models import Buffer
-from ..onnx import OnnxModel
+from ._interpreter import is_array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,13 +43,15 @@ class Leaf:
         return self.size * self.dtype.itemsize
 
 
-def _onnx_statistics(model: OnnxModel) -> set[str]:
+def _onnx_statistics(model) -> set[str]:
     nodes = (n for n in model.proto.graph.node if n.op_type == "BatchNormalization")
     return {name for n in nodes for name in n.input[3:5]}
 
 
 def as_call(fn, args: tuple) -> tuple:
     """`(fn, args, names of buffers among the first argument's dict keys)`."""
+    from .onnx import OnnxModel
+
     if isinstance(fn, OnnxModel):
         return fn.fn, (fn.params, *args), _onnx_statistics(fn)
     owner = getattr(fn, "__self__", None)
@@ -61,6 +61,8 @@ def as_call(fn, args: tuple) -> tuple:
 
 
 def _is_buffer(x) -> bool:
+    from .models import Buffer
+
     return isinstance(x, Buffer)
 
 
