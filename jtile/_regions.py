@@ -145,7 +145,8 @@ class Region:
 
 
 def hull(windows) -> Window:
-    """The smallest window containing every one of `windows`."""
+    """The smallest window containing every one of `windows` (empty ones count only if all are)."""
+    windows = [w for w in windows if w.size > 0] or list(windows)
     return Window(min(w.start for w in windows), max(w.stop for w in windows))
 
 
@@ -166,6 +167,9 @@ def _const_fill(value):
 
 def _padded(sliding: SlidingWindow, out: Window, clamp: bool) -> tuple[Window, tuple[int, int]]:
     """The input window of a sliding window: clipped with its pads, or unclipped with none."""
+    if out.size == 0:  # a tile made of padding only reads nothing
+        start = min(max(out.start * sliding.stride - sliding.pad_lo, 0), sliding.in_size) if clamp else out.start
+        return Window(start, start), (0, 0)
     if clamp:
         return sliding.input_region(out)
     start = out.start * sliding.stride - sliding.pad_lo

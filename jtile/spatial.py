@@ -357,18 +357,26 @@ def _at(table: np.ndarray, tile):
 
 def _tile_rules(plan: Plan, tile) -> dict:
     """Rules that evaluate the block's ops on tile `tile` (an int, or a traced index for uniform tiles)."""
-    index = {id(op.eqn): op.index for op in plan.block.ops}
+    ops = {id(op.eqn): op for op in plan.block.ops}
+    static = isinstance(tile, int)
+    row = tile if static else 0  # uniform tiles share sizes and params
 
     def emit(eqn, *invals):
-        k = index[id(eqn)]
-        params = plan.params[k][tile if isinstance(tile, int) else 0]
+        op = ops[id(eqn)]
+        out = plan.windows[op.outs[0]][row]
+        if any(w.size == 0 for w in out):  # a tile of padding only: nothing to compute
+            shape = list(eqn.outvars[0].aval.shape)
+            for d, w in zip(plan.block.axes[op.outs[0]], out):
+                shape[d] = w.size
+            zeros = [jnp.zeros(shape, v.aval.dtype) for v in eqn.outvars]
+            return zeros if eqn.primitive.multiple_results else zeros[0]
         operands = list(invals)
         for j, x in enumerate(invals):
-            read = plan.reads.get((k, j))
+            read = plan.reads.get((op.index, j))
             if read is None:
                 continue
-            sizes = [w.size for w in read.windows[tile if isinstance(tile, int) else 0]]
-            if read.outside and not isinstance(tile, int):
+            sizes = [w.size for w in read.windows[row]]
+            if read.outside and not static:
                 x = _gather(x, read.dims, _at(read.starts, tile), sizes)
             else:
                 x = _slice(x, read.dims, _at(read.starts, tile), sizes)
@@ -376,6 +384,7 @@ def _tile_rules(plan: Plan, tile) -> dict:
                 absolute = np.array([[w.start for w in ws] for ws in read.windows], np.int32)
                 x = _masked(x, read.dims, _at(absolute, tile), read.extent, read.fill(invals))
             operands[j] = x
+        params = plan.params[op.index][row]
         return eqn.primitive.bind(*operands, **eqn.primitive.get_bind_params(params))
 
     return {op.primitive: emit for op in plan.block.ops}
@@ -396,7 +405,8 @@ def _piece(eqns: list, outvars: list | None = None, invars: list | None = None) 
         if isinstance(v, jcore.Var) and v not in made:
             free.setdefault(v, None)
     effects = jax_core.join_effects(*(e.effects for e in eqns))
-    return jcore.Jaxpr([], list(free), outvars, eqns, effects)
+    debug = jax_core.DebugInfo("tile_spatial", "<block>", None, None)
+    return jcore.Jaxpr([], list(free), outvars, eqns, effects, debug)
 
 
 def _run_piece(jaxpr: jcore.Jaxpr, env: dict, rules=None) -> None:
