@@ -263,7 +263,8 @@ def make_plan(block: Block, grid: tuple[int, ...], uniform: bool) -> Plan:
                 largest = tuple(min(o.shape[block.axes[o][b]] for o in block.outputs) for b in range(len(grid)))
                 raise ConfigError(
                     f"tile_spatial: grid {grid} is too large for layer '{v.producer.scope}': its output has "
-                    f"{v.shape[d]} rows along dim {d}; the largest grid for this block is {largest}"
+                    f"{v.shape[d]} rows along dim {d}; the largest grid for this block is {largest}, or end "
+                    "the block earlier with until="
                 )
     tiles = list(itertools.product(*(range(n) for n in grid)))
     requests: dict = defaultdict(lambda: [[] for _ in tiles])
