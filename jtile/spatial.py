@@ -117,7 +117,7 @@ def _until_end(g: Graph, until, start: int) -> int | None:
         layer = op.layer()
         if layer is not None and until(dataclasses.replace(layer, index=next(count))):
             end = op.index + 1
-            while end < len(g.ops) and g.ops[end].scope == op.scope:
+            while op.scope and end < len(g.ops) and g.ops[end].scope == op.scope:
                 end += 1
             return end
     raise ConfigError("tile_spatial: the until= predicate accepted no layer at or after the first convolution")

@@ -19,6 +19,7 @@ from jtile import ConfigError
 from jtile._fused import conv_bias_act
 from jtile._graph import Graph
 from jtile._interpreter import iter_eqns, make_jaxpr
+from jtile.models._layers import sequential
 from jtile.spatial import SpatialWarning, make_plan, select_block, tile_windows
 
 _NCHW = ("NCHW", "OIHW", "NCHW")
@@ -274,8 +275,9 @@ def test_until_a_layer_name_ends_the_block_after_that_layer(getkey):
     assert block.ops[-1].scope == "features.3"  # the residual add
     assert all(op.scope.startswith(("features.0", "features.1", "features.2", "features.3")) for op in block.ops)
     assert block.tail[0].scope.startswith("features.4")
-    tiled = jtile.tile_spatial(lambda m, x: m(x), grid=(4, 4), until="features.3")
-    _assert_tiled_close(eqx.filter_jit(tiled)(model, x), eqx.filter_jit(lambda m, x: m(x))(model, x))
+    first_stages = lambda features, x: sequential(features[:6], x)  # noqa: E731
+    tiled = jtile.tile_spatial(first_stages, grid=(4, 4), until="features.3")
+    _assert_tiled_close(eqx.filter_jit(tiled)(model.features, x), eqx.filter_jit(first_stages)(model.features, x))
 
 
 def test_until_a_predicate_ends_the_block_after_the_first_layer_it_accepts(getkey):
@@ -341,7 +343,7 @@ def test_composes_with_fuse_and_swap_backend_so_tiles_run_on_the_kernels(getkey)
     model = jtile.models.get("tutorial", getkey())
     x = jax.random.normal(getkey(), jtile.models.input_shape("tutorial"))
     fn = lambda m, x: m(x)  # noqa: E731
-    tiled = jtile.swap_backend(jtile.tile_spatial(jtile.fuse(fn), grid=(2, 2)), "smm")
+    tiled = jtile.swap_backend(jtile.tile_spatial(jtile.fuse(fn), grid=(2, 2)), {"conv2d": "smm"})
     closed = make_jaxpr(tiled, model, x)
     loops = [e for e in closed.jaxpr.eqns if e.primitive.name in ("scan", "while")]
     assert loops and any(e.primitive.name == "ffi_call" for loop in loops for e in iter_eqns(
