@@ -482,21 +482,26 @@ class _Tiled:
         )
 
     def _sharded(self, externals) -> list:
+        from jax.sharding import NamedSharding
         from jax.sharding import PartitionSpec as P
 
         names = tuple(self.mesh.axis_names)
-        devices = self.mesh.size
-        count = -(-self.plan.tiles // devices) * devices
-        ids = jnp.minimum(jnp.arange(count, dtype=jnp.int32), self.plan.tiles - 1)
+        per_device = -(-self.plan.tiles // self.mesh.size)
 
-        def local(ids, *ext):
+        def local(*ext):
+            first = lax.axis_index(names) * per_device
+            ids = jnp.minimum(first + jnp.arange(per_device, dtype=jnp.int32), self.plan.tiles - 1)
             return lax.map(lambda k: self._tile(k, list(ext)), ids)
 
-        stacked = jax.shard_map(
-            local, mesh=self.mesh, in_specs=(P(names), *[P()] * len(externals)), out_specs=P(names)
-        )(ids, *externals)
+        # check_vma=False: a tile mixes its device-varying window with replicated weights
+        stacked = jax.shard_map(local, mesh=self.mesh, in_specs=(P(),) * len(externals), out_specs=P(names),
+                                check_vma=False)(
+            *externals
+        )
+        replicated = NamedSharding(self.mesh, P())
+        gathered = [lax.with_sharding_constraint(s, replicated) for s in stacked]  # the one gather
         return lax.fori_loop(
-            0, self.plan.tiles, lambda k, bufs: self._write(bufs, [s[k] for s in stacked], k), self._empty()
+            0, self.plan.tiles, lambda k, bufs: self._write(bufs, [lax.dynamic_index_in_dim(s, k, keepdims=False) for s in gathered], k), self._empty()
         )
 
 
@@ -542,6 +547,11 @@ def tile_spatial(
         raise ConfigError(f"tile_spatial: until must be a layer name or a predicate on jtile.Layer, got {until!r}")
     if mesh is not None and (not isinstance(mesh, jax.sharding.Mesh) or mode != "loop"):
         raise ConfigError(f"tile_spatial: mesh= takes a jax.sharding.Mesh with mode='loop', got {mesh!r}, mode={mode!r}")
+    if mesh is not None and any(t != jax.sharding.AxisType.Auto for t in mesh.axis_types):
+        raise UnsupportedError(
+            f"tile_spatial: mesh= needs Auto axes (XLA places the stitching), got axis types {mesh.axis_types}; "
+            "build it with jax.make_mesh(shape, names, axis_types=(jax.sharding.AxisType.Auto,) * len(names))"
+        )
     if fn is None:
         return lambda f: tile_spatial(f, grid=grid, until=until, mode=mode, mesh=mesh)
     if not callable(fn):

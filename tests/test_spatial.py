@@ -382,7 +382,7 @@ _MESH_SCRIPT = textwrap.dedent("""
 
     w = jax.random.normal(jax.random.key(0), (3, 4, 4, 3, 3)) / 4
     x = jax.random.normal(jax.random.key(1), (1, 4, 64, 64))
-    mesh = jax.make_mesh((4,), ("tiles",))
+    mesh = jax.make_mesh((4,), ("tiles",), axis_types=(jax.sharding.AxisType.Auto,))
     tiled = jax.jit(jtile.tile_spatial(net, grid=(4, 2), mesh=mesh))
     out, expected = tiled(w, x), jax.jit(net)(w, x)
     np.testing.assert_allclose(np.asarray(out), np.asarray(expected), rtol=1e-5, atol=1e-5)
