@@ -399,3 +399,13 @@ def test_tiles_on_a_mesh_compute_without_communication_and_gather_once():
     assert run.returncode == 0, run.stderr[-3000:]
     line = next(l for l in run.stdout.splitlines() if l.startswith("COLLECTIVES"))
     assert line == "COLLECTIVES ['all-gather']"
+
+
+def test_demo_spatial_shows_the_memory_cut_on_mobilenet_v2(capsys):
+    from jtile.cli import main
+
+    assert main(["demo", "--spatial", "2x2", "--size", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "mobilenet_v2 on input (1, 3, 64, 64), tile_spatial(grid=2x2)" in out
+    assert "features.0 to features.3" in out and "x lower)" in out and "OK: tiled outputs match" in out
+    assert main(["demo", "--spatial", "four"]) == 2
