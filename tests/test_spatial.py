@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import equinox as eqx
 import hypothesis.strategies as st
@@ -351,18 +352,43 @@ def test_composes_with_fuse_and_swap_backend_so_tiles_run_on_the_kernels(getkey)
     _assert_tiled_close(eqx.filter_jit(tiled)(model, x), eqx.filter_jit(fn)(model, x))
 
 
+def _onnx_check(model, x, until, grid):
+    expected = jax.jit(model.fn)(model.params, x)
+    for mode, atol in (("unroll", 1e-6), ("loop", 1e-5)):  # loop: a few ulp per layer (see the zoo test)
+        tiled = jtile.tile_spatial(model.fn, grid=grid, until=until, mode=mode)
+        _assert_tiled_close(jax.jit(tiled)(model.params, x), expected, atol=atol)
+
+
 @pytest.mark.slow
-def test_onnx_light_resnet50_first_stages_tile_exactly():
+def test_onnx_light_resnet50_first_stage_tiles_exactly():
     import onnx
 
     path = os.path.join(os.path.dirname(onnx.__file__), "backend/test/data/light/light_resnet50.onnx")
     model = jtile.onnx.load(path)
     x = jax.random.normal(jax.random.key(0), (1, 3, 224, 224))
-    graph = jtile.graph(model, x) if hasattr(jtile, "graph") else None
-    names = [op.scope for op in (graph.ops if graph else [])]
-    until = next(n for n in names if "stage2" in n or "res3" in n or "layer2" in n) if names else None
-    tiled = jtile.tile_spatial(model.fn, grid=(4, 4), until=until)
-    _assert_tiled_close(jax.jit(tiled)(model.params, x), jax.jit(model.fn)(model.params, x))
+    graph = Graph.of(make_jaxpr(model.fn, model.params, x))
+    block = select_block(graph, 2, until="n35")  # conv1 .. the first bottleneck stage (56x56)
+    assert block.ops[0].scope == "n0" and block.ops[-1].scope == "n35"
+    _onnx_check(model, x, "n35", (4, 4))
+
+
+@pytest.mark.slow
+def test_torchvision_mobilenet_v3_exported_to_onnx_tiles_exactly(tmp_path):
+    torch = pytest.importorskip("torch")
+    torchvision = pytest.importorskip("torchvision")
+    net = torchvision.models.mobilenet_v3_small().eval()
+    path = tmp_path / "mobilenet_v3.onnx"
+    with warnings.catch_warnings():  # the TorchScript exporter is deprecated, and needs no onnxscript
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(net, torch.randn(1, 3, 96, 96), str(path), dynamo=False)
+    model = jtile.onnx.load(str(path))
+    x = jax.random.normal(jax.random.key(0), (1, 3, 96, 96))
+    graph = Graph.of(make_jaxpr(model.fn, model.params, x))
+    block = select_block(graph, 2)  # the stem and the first depthwise conv, up to its squeeze-excitation pool
+    stopper = next(op for op in block.tail if any(v in block.outputs for v in op.ins))
+    assert stopper.primitive == "reduce_sum" and stopper.scope.endswith("avgpool/GlobalAveragePool")
+    assert sum(op.primitive == "conv_general_dilated" for op in block.ops) == 2
+    _onnx_check(model, x, None, (3, 3))
 
 
 # ---------------------------------------------------------------- tiles on devices
