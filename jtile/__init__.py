@@ -23,3 +23,4 @@ from .schedule import Schedule as Schedule
 from .schedule import schedule as schedule
 from .sharding import shard_spatial as shard_spatial
 from .tiling import tile_conv as tile_conv
+from .spatial import tile_spatial as tile_spatial

@@ -204,3 +204,284 @@ def stripe_halo(window: SlidingWindow, devices: int) -> Halo:
         fetch_lo=max([0] + [i * in_rows - max(starts[i], 0) for i in real if i > 0]),
         fetch_hi=max([0] + [min(stops[i], sw.in_size) - (i + 1) * in_rows for i in real if i < n - 1]),
     )
+
+
+# ---------------------------------------------------------------- region rules
+#
+# The multi-layer question (`tile_spatial`): to produce one tile of an op's
+# output, given as a window along each tiled axis, which window of each operand
+# is read, and with which params does the op run on that tile? One rule per
+# primitive in `RULES`; a primitive absent from it ends a tiled block (with a
+# warning), and a rule raising `Stop` ends it quietly (a reduction or a reshape
+# across space, a product over a spatial axis).
+#
+# A rule is `rule(eqn, axes, windows, clamp) -> Region`. `axes` are the output
+# dims being tiled and `windows` one `Window` per axis. With `clamp` (unrolled
+# tiles) operand windows are clipped to the operand and the overflow becomes
+# the op's own padding for this tile, on the border sides only. Without it
+# (looped tiles, all one shape) windows may reach outside the operand, the op
+# runs unpadded along the tiled axes, and `Region.fill` says which value the
+# reader must put where the operand has no element (the op's padding value).
+
+
+class Stop(Exception):
+    """This op cannot be tiled along these axes: a tiled block ends before it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Region:
+    """What one tile of an op reads and how the op runs on it.
+
+    `operands[j]` is `None` when operand `j` is read whole, else one entry per
+    tiled axis: `(dim, Window)` for the operand dim and window read, or `None`
+    when the operand is broadcast along that axis (size 1 or absent).
+    `fill[j]` is `None` or `fill(invals)`, the value operand `j` takes outside
+    its extent (only without `clamp`). `params` are the bind params for the tile.
+    """
+
+    operands: tuple
+    params: dict
+    fill: tuple
+
+
+def hull(windows) -> Window:
+    """The smallest window containing every one of `windows` (empty ones count only if all are)."""
+    windows = [w for w in windows if w.size > 0] or list(windows)
+    return Window(min(w.start for w in windows), max(w.stop for w in windows))
+
+
+def _shape(v) -> tuple[int, ...]:
+    return tuple(v.aval.shape)
+
+
+def _tile_shape(eqn, axes, windows) -> tuple[int, ...]:
+    shape = list(_shape(eqn.outvars[0]))
+    for d, w in zip(axes, windows):
+        shape[d] = w.size
+    return tuple(shape)
+
+
+def _const_fill(value):
+    return lambda invals: value
+
+
+def _padded(sliding: SlidingWindow, out: Window, clamp: bool) -> tuple[Window, tuple[int, int]]:
+    """The input window of a sliding window: clipped with its pads, or unclipped with none."""
+    if out.size == 0:  # a tile made of padding only reads nothing
+        start = min(max(out.start * sliding.stride - sliding.pad_lo, 0), sliding.in_size) if clamp else out.start
+        return Window(start, start), (0, 0)
+    if clamp:
+        return sliding.input_region(out)
+    start = out.start * sliding.stride - sliding.pad_lo
+    return Window(start, start + (out.size - 1) * sliding.stride + sliding.span), (0, 0)
+
+
+def _same_dims(eqn, axes, windows, operand: int):
+    """The operand read at the output's own dims (elementwise), broadcast where it has size 1."""
+    v = eqn.invars[operand]
+    shape, out = _shape(v), _shape(eqn.outvars[0])
+    if not shape:
+        return None
+    if len(shape) != len(out):
+        raise Stop(f"operand {operand} has rank {len(shape)}, the output {len(out)}")
+    return tuple((d, w) if shape[d] == out[d] else None for d, w in zip(axes, windows))
+
+
+def elementwise(eqn, axes, windows, clamp) -> Region:
+    """Every operand at the same position (scalars and size-1 dims broadcast)."""
+    operands = tuple(_same_dims(eqn, axes, windows, j) for j in range(len(eqn.invars)))
+    return Region(operands, eqn.params, (None,) * len(operands))
+
+
+def _sliding_rule(eqn, axes, windows, clamp, *, geometry, padded: int, fill, with_pads) -> Region:
+    """One padded operand read through a `SlidingWindow` per tiled axis (`geometry(d)` gives
+    `(operand dim, SlidingWindow)` for output dim `d`); other operands per `elementwise`."""
+    reads, pads = [], {}
+    for d, w in zip(axes, windows):
+        dim, sliding = geometry(d)
+        region, pads[dim] = _padded(sliding, w, clamp)
+        reads.append((dim, region))
+    operands = [None] * len(eqn.invars)
+    operands[padded] = tuple(reads)
+    fills = [None] * len(eqn.invars)
+    fills[padded] = None if clamp else fill
+    return Region(tuple(operands), with_pads(dict(eqn.params), pads), tuple(fills))
+
+
+def _conv_geometry(eqn):
+    p = eqn.params
+    lhs_spec, rhs_spec, out_spec = p["dimension_numbers"]
+    lhs, rhs = _shape(eqn.invars[0]), _shape(eqn.invars[1])
+
+    def geometry(d):
+        if d not in out_spec[2:]:
+            raise Stop(f"dim {d} is not a spatial dim of the convolution")
+        k = list(out_spec[2:]).index(d)
+        if p["lhs_dilation"][k] != 1:
+            raise Stop("a transposed convolution (lhs_dilation) is not tiled")
+        lo, hi = p["padding"][k]
+        sliding = SlidingWindow(lhs[lhs_spec[2 + k]], rhs[rhs_spec[2 + k]], p["window_strides"][k], lo, hi,
+                                p["rhs_dilation"][k])
+        return lhs_spec[2 + k], sliding
+
+    def with_pads(params, pads):
+        padding = list(params["padding"])
+        for dim, pad in pads.items():
+            padding[list(lhs_spec[2:]).index(dim)] = pad
+        return {**params, "padding": tuple(padding)}
+
+    return geometry, with_pads
+
+
+def conv(eqn, axes, windows, clamp) -> Region:
+    """`conv_general_dilated` (and `conv_bias_act`: bias and residual read elementwise)."""
+    geometry, with_pads = _conv_geometry(eqn)
+    region = _sliding_rule(eqn, axes, windows, clamp, geometry=geometry, padded=0, fill=_const_fill(0),
+                           with_pads=with_pads)
+    extra = [_same_dims(eqn, axes, windows, j) for j in range(2, len(eqn.invars))]
+    return dataclasses.replace(region, operands=(*region.operands[:2], *extra))
+
+
+_POOL_FILL = {"reduce_window_max": -float("inf"), "reduce_window_min": float("inf"), "reduce_window_sum": 0}
+
+
+def reduce_window(eqn, axes, windows, clamp) -> Region:
+    """`reduce_window_{max,min,sum}`: a sliding window per dim, padding with the reduction's identity."""
+    p = eqn.params
+    size = _shape(eqn.invars[0])
+
+    def geometry(d):
+        if p["base_dilation"][d] != 1:
+            raise Stop("a base-dilated reduce_window is not tiled")
+        lo, hi = p["padding"][d]
+        return d, SlidingWindow(size[d], p["window_dimensions"][d], p["window_strides"][d], lo, hi,
+                                p["window_dilation"][d])
+
+    def with_pads(params, pads):
+        padding = list(params["padding"])
+        for dim, pad in pads.items():
+            padding[dim] = pad
+        return {**params, "padding": tuple(padding)}
+
+    return _sliding_rule(eqn, axes, windows, clamp, geometry=geometry, padded=0,
+                         fill=_const_fill(_POOL_FILL[eqn.primitive.name]), with_pads=with_pads)
+
+
+def pad(eqn, axes, windows, clamp) -> Region:
+    """`pad` (negative widths crop): a window of 1 shifted by the low padding; the
+    padding value comes from operand 1."""
+    config = eqn.params["padding_config"]
+    size = _shape(eqn.invars[0])
+
+    def geometry(d):
+        lo, hi, interior = config[d]
+        if interior:
+            raise Stop("interior padding along a tiled axis is not tiled")
+        return d, SlidingWindow(size[d], 1, 1, lo, hi)
+
+    def with_pads(params, pads):
+        new = list(params["padding_config"])
+        for dim in axes:
+            new[dim] = (*pads[dim], 0)
+        return {**params, "padding_config": tuple(new)}
+
+    return _sliding_rule(eqn, axes, windows, clamp, geometry=geometry, padded=0,
+                         fill=lambda invals: invals[1], with_pads=with_pads)
+
+
+def broadcast_in_dim(eqn, axes, windows, clamp) -> Region:
+    """`broadcast_in_dim`: the operand dim mapped to a tiled dim is read there, unless it has size 1."""
+    dims, shape, out = eqn.params["broadcast_dimensions"], _shape(eqn.invars[0]), _shape(eqn.outvars[0])
+    reads = []
+    for d, w in zip(axes, windows):
+        j = dims.index(d) if d in dims else None
+        reads.append(None if j is None or shape[j] != out[d] else (j, w))
+    operands = (tuple(reads), *([None] * (len(eqn.invars) - 1)))
+    params = {**eqn.params, "shape": _tile_shape(eqn, axes, windows)}
+    return Region(operands, params, (None,) * len(eqn.invars))
+
+
+def _mapped(eqn, axes, windows, dim_of) -> Region:
+    """A one-operand op whose output dim `d` is operand dim `dim_of(d)`."""
+    reads = tuple((dim_of(d), w) for d, w in zip(axes, windows))
+    return Region((reads, *([None] * (len(eqn.invars) - 1))), eqn.params, (None,) * len(eqn.invars))
+
+
+def transpose(eqn, axes, windows, clamp) -> Region:
+    return _mapped(eqn, axes, windows, lambda d: eqn.params["permutation"][d])
+
+
+def _kept_dims(removed, rank: int):
+    kept = [d for d in range(rank) if d not in set(removed)]
+    return lambda d: kept[d]
+
+
+def reduce(eqn, axes, windows, clamp) -> Region:
+    """`reduce_*` / `argmax` over untiled dims (over a tiled dim no output dim maps back: a stop)."""
+    return _mapped(eqn, axes, windows, _kept_dims(eqn.params["axes"], len(_shape(eqn.invars[0]))))
+
+
+def squeeze(eqn, axes, windows, clamp) -> Region:
+    return _mapped(eqn, axes, windows, _kept_dims(eqn.params["dimensions"], len(_shape(eqn.invars[0]))))
+
+
+def concatenate(eqn, axes, windows, clamp) -> Region:
+    """Along an untiled dim (channels): every operand at the same window."""
+    if eqn.params["dimension"] in axes:
+        raise Stop("concatenation along a tiled axis")
+    return elementwise(eqn, axes, windows, clamp)
+
+
+def split_op(eqn, axes, windows, clamp) -> Region:
+    if eqn.params["axis"] in axes:
+        raise Stop("split along a tiled axis")
+    return _mapped(eqn, axes, windows, lambda d: d)
+
+
+def dot_general(eqn, axes, windows, clamp) -> Region:
+    """A product whose free or batch dims are tiled (a per-pixel dense layer); a
+    contraction over a tiled dim has no output dim mapping back to it: a stop."""
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    free = [[d for d in range(len(_shape(v))) if d not in set(c) | set(b)]
+            for v, c, b in zip(eqn.invars, (lc, rc), (lb, rb))]
+    # output dims: batch, lhs free, rhs free
+    owners = [(0, d, 1, e) for d, e in zip(lb, rb)] + [(0, d, None, None) for d in free[0]]
+    owners += [(1, d, None, None) for d in free[1]]
+    reads = [[], []]
+    for d, w in zip(axes, windows):
+        side, dim, other, other_dim = owners[d]
+        reads[side].append((dim, w))
+        reads[1 - side].append((other_dim, w) if other is not None else None)
+    operands = tuple(tuple(r) if any(r) else None for r in reads)
+    return Region(operands, eqn.params, (None, None))
+
+
+def stop(eqn, axes, windows, clamp) -> Region:
+    """An explicit stop: a reshape mixes space with other dims."""
+    raise Stop(f"{eqn.primitive.name} is not tiled")
+
+
+_ELEMENTWISE = (
+    "abs add add_any and atan2 cbrt ceil clamp convert_element_type copy copy_p cos cosh div eq erf erf_inv "
+    "erfc exp exp2 expm1 floor ge gt imag integer_pow is_finite le log log1p logistic lt max min mul ne "
+    "neg nextafter not or pow real reduce_precision rem round rsqrt select_n sign sin sinh sqrt square sub "
+    "tan tanh xor"
+).split()
+
+RULES = {
+    **{name: elementwise for name in _ELEMENTWISE},
+    "conv_general_dilated": conv,
+    "conv_bias_act": conv,
+    "reduce_window_max": reduce_window,
+    "reduce_window_min": reduce_window,
+    "reduce_window_sum": reduce_window,
+    "pad": pad,
+    "broadcast_in_dim": broadcast_in_dim,
+    "transpose": transpose,
+    "squeeze": squeeze,
+    "concatenate": concatenate,
+    "split": split_op,
+    "dot_general": dot_general,
+    **{name: reduce for name in ("reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin")},
+    "reshape": stop,
+}

@@ -15,14 +15,18 @@ import numpy as np
 from .. import models
 from .._graph import graph
 from ..sharding import collectives, shard_spatial
+from ..models._layers import sequential
+from ..spatial import tile_spatial
 from ..tiling import tile_conv
 
 HELP = "Tile a zoo model's convolutions into stripes and check the outputs are unchanged."
 RTOL, ATOL = 1e-5, 1e-6
+SPATIAL_ATOL = 1e-5
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="tutorial", choices=models.NAMES, help="zoo model (default: tutorial)")
+    parser.add_argument("--model", default=None, choices=models.NAMES,
+                        help="zoo model (default: tutorial; mobilenet_v2 with --spatial)")
     parser.add_argument("--tiles", type=int, default=4, help="number of stripes (default: 4)")
     parser.add_argument("--axis", default="H", help="'H', 'W' or an output axis index (default: H)")
     parser.add_argument("--size", type=int, default=None, help="input height and width (default: the model's)")
@@ -30,6 +34,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="PRNG seed for weights and input")
     parser.add_argument("--devices", type=int, default=None,
                         help="shard the model over this many host devices with shard_spatial instead of tiling")
+    parser.add_argument("--spatial", default=None, metavar="RxC",
+                        help="instead, tile_spatial the first stages on a RxC grid and show the peak memory")
+    parser.add_argument("--until", default=None,
+                        help="with --spatial: last tiled layer (default: features.3 for mobilenet_v2)")
+
+
+def _peak(fn, *args) -> int:
+    memory = jax.jit(fn).lower(*args).compile().memory_analysis()
+    return memory.temp_size_in_bytes + memory.output_size_in_bytes
+
+
+def _spatial(args, model, x, apply) -> int:
+    try:
+        grid = tuple(int(n) for n in args.spatial.lower().split("x"))
+    except ValueError:
+        print(f"jtile demo: --spatial takes RxC, e.g. 4x4, got {args.spatial!r}", file=sys.stderr)
+        return 2
+    until = args.until or ("features.3" if args.model == "mobilenet_v2" else None)
+    if until and until.startswith("features.") and until[9:].isdigit() and hasattr(model, "features"):
+        last = int(until[9:])
+        print(f"  the model's first stages: features.0 to {until}")
+
+        def first_stages(model, x):  # where the memory is
+            return sequential(model.features[: last + 1], x)
+
+        apply = first_stages
+
+    tiled = tile_spatial(apply, grid=grid, until=until)
+    with _step("compiling and running the original"):
+        expected = np.asarray(eqx.filter_jit(apply)(model, x))
+    with _step("tiling, compiling and running"):
+        got = np.asarray(eqx.filter_jit(tiled)(model, x))
+    before, after = _peak(apply, model, x), _peak(tiled, model, x)
+    print(f"  peak memory (XLA temp + output): {before / 1e6:.2f} MB untiled, {after / 1e6:.2f} MB tiled "
+          f"({before / after:.1f}x lower)")
+    scale = max(1.0, float(np.max(np.abs(expected))))
+    diff = float(np.max(np.abs(got - expected)))
+    print(f"  output shape {got.shape}, max abs difference {diff:.3g} ({diff / scale:.2g} of the output scale)")
+    # Looped tiles round differently (a few ulp per layer): atol 1e-5 x the output scale.
+    if not np.allclose(got, expected, rtol=RTOL, atol=SPATIAL_ATOL * scale):
+        print(f"FAIL: tiled outputs differ beyond rtol={RTOL}, atol={SPATIAL_ATOL} x output scale", file=sys.stderr)
+        return 1
+    print(f"OK: tiled outputs match (rtol={RTOL}, atol={SPATIAL_ATOL} x output scale)")
+    return 0
 
 
 @contextmanager
@@ -102,11 +150,16 @@ def _run_sharded(args: argparse.Namespace, model, x) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.devices and jax.device_count() != args.devices:
         return _rerun_with_devices(args)
+    args.model = args.model or ("mobilenet_v2" if args.spatial else "tutorial")
     axis = int(args.axis) if args.axis.lstrip("-").isdigit() else args.axis
     shape = models.input_shape(args.model, batch=args.batch, size=args.size)
-    transform = f"shard_spatial(axis={axis!r}) on {args.devices} devices" if args.devices else (
-        f"tile_conv(axis={axis!r}, tiles={args.tiles})")
-    print(f"jtile demo: {args.model} on input {shape}, {transform}")
+    if args.devices:
+        what = f"shard_spatial(axis={axis!r}) on {args.devices} devices"
+    elif args.spatial:
+        what = f"tile_spatial(grid={args.spatial})"
+    else:
+        what = f"tile_conv(axis={axis!r}, tiles={args.tiles})"
+    print(f"jtile demo: {args.model} on input {shape}, {what}")
     key_model, key_input = jax.random.split(jax.random.key(args.seed))
     with _step(f"building {args.model}"):
         model = models.get(args.model, key_model)
@@ -117,6 +170,8 @@ def run(args: argparse.Namespace) -> int:
     def apply(model, x):
         return model(x)
 
+    if args.spatial:
+        return _spatial(args, model, x, apply)
     tiled = tile_conv(apply, axis=axis, tiles=args.tiles, strict=True)
     with _step("compiling and running the original"):
         expected = np.asarray(eqx.filter_jit(apply)(model, x))
