@@ -20,6 +20,8 @@ import dataclasses
 
 import numpy as np
 
+from ._registry import register
+
 
 @dataclasses.dataclass(frozen=True)
 class Window:
@@ -211,9 +213,10 @@ def stripe_halo(window: SlidingWindow, devices: int) -> Halo:
 # The multi-layer question (`tile_spatial`): to produce one tile of an op's
 # output, given as a window along each tiled axis, which window of each operand
 # is read, and with which params does the op run on that tile? One rule per
-# primitive in `RULES`; a primitive absent from it ends a tiled block (with a
-# warning), and a rule raising `Stop` ends it quietly (a reduction or a reshape
-# across space, a product over a spatial axis).
+# primitive, the `region` facet of its `jtile._registry` entry; a primitive
+# without one ends a tiled block (with a warning), and a rule raising `Stop`
+# ends it quietly (a reduction or a reshape across space, a product over a
+# spatial axis).
 #
 # A rule is `rule(eqn, axes, windows, clamp) -> Region`. `axes` are the output
 # dims being tiled and `windows` one `Window` per axis. With `clamp` (unrolled
@@ -468,7 +471,7 @@ _ELEMENTWISE = (
     "tan tanh xor"
 ).split()
 
-RULES = {
+_RULES = {  # registered below as each primitive's `region` facet
     **{name: elementwise for name in _ELEMENTWISE},
     "conv_general_dilated": conv,
     "conv_bias_act": conv,
@@ -485,3 +488,6 @@ RULES = {
     **{name: reduce for name in ("reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin")},
     "reshape": stop,
 }
+
+for _name, _rule in _RULES.items():
+    register(_name, region=_rule)

@@ -51,6 +51,7 @@ from ._graph import Graph, Op, Value
 from ._interpreter import eval_jaxpr, trace
 from ._layers import Layer
 from ._regions import Window
+from ._registry import facet
 
 _CONVS = ("conv_general_dilated", "conv_bias_act")
 _MODES = ("loop", "unroll")
@@ -131,7 +132,7 @@ def _read_axes(region: _regions.Region, j: int):
 def _infer_axes(op: Op, known: dict, rank: int) -> tuple[tuple[int, ...] | None, str]:
     """The output dims of `op` whose windows read the tiled dims `known[j]` of its
     operands, or (None, why) when the op cannot be tiled along them."""
-    rule, shape = _regions.RULES[op.primitive], op.outs[0].shape
+    rule, shape = facet(op.eqn, "region"), op.outs[0].shape
     why = "no output dims map to the tiled input dims"
     for dims in itertools.permutations(range(len(shape)), rank):
         windows = tuple(Window(0, shape[d]) for d in dims)
@@ -169,12 +170,12 @@ def select_block(g: Graph, rank: int, until=None) -> Block:
         if op is first:
             dims, why = tuple(spatial[-rank:]), ""
             try:
-                _regions.RULES[op.primitive](op.eqn, dims, tuple(Window(0, 1) for _ in dims), True)
+                facet(op.eqn, "region")(op.eqn, dims, tuple(Window(0, 1) for _ in dims), True)
             except _regions.Stop as e:
                 raise UnsupportedError(f"tile_spatial: the first convolution ('{op.scope}') cannot be tiled: {e}") from None
         elif not known:
             continue
-        elif op.primitive not in _regions.RULES:
+        elif facet(op.eqn, "region") is None:
             if limit is not None:
                 raise ConfigError(
                     f"tile_spatial: {_where(op)} has no region rule, so the block cannot reach until={until!r}; "
@@ -286,7 +287,7 @@ def make_plan(block: Block, grid: tuple[int, ...], uniform: bool) -> Plan:
         for v in op.outs:
             windows[v] = per_tile
         dims = block.axes[op.outs[0]]
-        rule = _regions.RULES[op.primitive]
+        rule = facet(op.eqn, "region")
         regions[op.index] = [rule(op.eqn, dims, w, not uniform) for w in per_tile]
         for j, v in enumerate(op.ins):
             if regions[op.index][0].operands[j] is not None and v.role != "literal":

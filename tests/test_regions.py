@@ -46,7 +46,8 @@ from hypothesis import assume, settings
 from jax import lax
 
 from jtile._fused import conv_bias_act
-from jtile._regions import RULES, Stop, hull
+from jtile._regions import Stop, hull
+from jtile._registry import facet
 
 _SETTINGS = settings(max_examples=6, deadline=None)
 
@@ -206,7 +207,7 @@ def test_region_rule_matches_brute_force_receptive_field(case, data):
     rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
     fn, args, spatial, linear = case(data, rng)
     eqn, vals = _one_eqn(fn, args)
-    rule = RULES[eqn.primitive.name]
+    rule = facet(eqn, "region")
     out_shape = eqn.outvars[0].aval.shape
     assume(all(n > 0 for n in out_shape))
     axes = tuple(data.draw(st.permutations(spatial))[: data.draw(st.integers(1, min(2, len(spatial))))])
@@ -250,7 +251,7 @@ def test_region_rule_matches_brute_force_receptive_field(case, data):
 def test_reshape_across_space_stops():
     eqn, _ = _one_eqn(lambda x: x.reshape(1, 2, 16), [jnp.ones((1, 2, 4, 4))])
     with pytest.raises(Stop):
-        RULES[eqn.primitive.name](eqn, (2,), (Window(0, 1),), True)
+        facet(eqn, "region")(eqn, (2,), (Window(0, 1),), True)
 
 
 @pytest.mark.parametrize("fn, extra", [(lambda x: jnp.sum(x, axis=2), []), (lambda x, w: x @ w, [jnp.ones((4, 3))])])
@@ -261,7 +262,7 @@ def test_reduction_or_product_over_a_spatial_dim_reads_it_from_no_output_dim(fn,
     rank = len(eqn.outvars[0].aval.shape)
     reduced = 2 if eqn.primitive.name == "reduce_sum" else 3
     for d in range(rank):
-        region = RULES[eqn.primitive.name](eqn, (d,), (Window(0, 1),), True)
+        region = facet(eqn, "region")(eqn, (d,), (Window(0, 1),), True)
         assert region.operands[0] is None or region.operands[0][0] is None or region.operands[0][0][0] != reduced
 
 
