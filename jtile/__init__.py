@@ -1,5 +1,7 @@
 """jtile: rewrite JAX inference functions before XLA compiles them."""
 
+__version__ = "0.1.0"
+
 from . import algorithms as algorithms
 from . import fusion as fusion
 from . import kernels as kernels

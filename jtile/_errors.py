@@ -17,6 +17,10 @@ class OnnxError(JtileError):
     """An ONNX model could not be imported or exported."""
 
 
+class KernelsUnavailableWarning(UserWarning):
+    """jtile's C kernels are not built or not found, so `"auto"` keeps XLA."""
+
+
 def reject_unknown(where: str, unknown: dict, known: tuple[str, ...]) -> None:
     """Raise `ConfigError` naming the unknown keywords and the valid ones."""
     if unknown:

@@ -27,6 +27,7 @@ from . import _algorithm_kinds as kinds
 from ._errors import ConfigError, UnsupportedError, reject_unknown
 from ._interpreter import bind, iter_eqns, transform
 from ._layers import Layer, describe
+from .kernels import warn_if_unavailable
 
 Selector = str | Sequence[str] | Callable[[Layer], str]
 
@@ -143,6 +144,7 @@ def _check_lengths(selectors: dict[str, Selector], counts: dict[str, int]) -> No
 def _resolve(name: str, eqn, layer: Layer, producers: dict) -> Algorithm | None:
     """The algorithm to run for `layer`, `None` for XLA's own op; explicit misfits raise."""
     if name == "auto":
+        warn_if_unavailable("swap_backend")
         name = _AUTO[layer.kind](eqn, layer, producers)
     if name == "default":
         return None
