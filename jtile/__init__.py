@@ -9,6 +9,7 @@ from . import models as models
 from . import onnx as onnx
 from ._errors import ConfigError as ConfigError
 from ._errors import JtileError as JtileError
+from ._errors import KernelsUnavailableWarning as KernelsUnavailableWarning
 from ._errors import OnnxError as OnnxError
 from ._errors import UnsupportedError as UnsupportedError
 from ._layers import Layer as Layer
@@ -17,6 +18,14 @@ from .algorithms import swap_conv2d as swap_conv2d
 from .analysis import Summary as Summary
 from .analysis import intercept as intercept
 from .analysis import summary as summary
+from .fusion import fold_params as fold_params
 from .fusion import fuse as fuse
 from .gemm import split_gemm as split_gemm
 from .tiling import tile_conv as tile_conv
+
+__all__ = [
+    "ConfigError", "JtileError", "KernelsUnavailableWarning", "Layer", "OnnxError", "Summary",
+    "UnsupportedError", "__version__", "algorithms", "fold_params", "fuse", "fusion", "intercept",
+    "kernels", "models", "onnx", "split_gemm", "summary", "swap_backend", "swap_conv2d",
+    "tile_conv",
+]

@@ -635,3 +635,13 @@ def global_avg_pool2d(x: jax.Array) -> jax.Array:
 
 
 LIBRARY_PATH, _UNAVAILABLE = _load_library()
+
+
+__all__ = [
+    "Pair", "Padding", "LIBRARY_ENV", "activation_reference", "library_candidates",
+    "kernel_unavailable", "warn_if_unavailable", "ConvSpec", "ConvAlgorithm",
+    "register_conv_algorithm", "conv2d_reference", "conv2d_support", "conv2d", "gemm_tile",
+    "smm_pixel_rows", "pack_gemm_weight", "dense_reference", "GEMV_ROWS", "dense",
+    "max_pool2d_reference", "avg_pool2d_reference", "global_avg_pool2d_reference", "max_pool2d",
+    "avg_pool2d", "global_avg_pool2d", "LIBRARY_PATH"
+]

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from jax import lax
 
 from . import _regions
-from ._errors import ConfigError, UnsupportedError, reject_unknown, require_positive_int
+from ._errors import ConfigError, UnsupportedError, reject_positional, reject_unknown, require_positive_int
 from ._interpreter import bind, transform
 from ._layers import Layer, describe
 
@@ -102,7 +102,7 @@ def _conv_rules(axis, tiles: int, select: Callable[[Layer], bool] | None):
 def tile_conv(
     fn: Callable | None = None,
     /,
-    *,
+    *positional,
     axis: str | int | None = None,
     tiles: int | None = None,
     select: Callable[[Layer], bool] | None = None,
@@ -120,6 +120,7 @@ def tile_conv(
 
     **Returns:** a function with `fn`'s signature and outputs.
     """
+    reject_positional("tile_conv", fn, positional, "axis='H', tiles=4")
     reject_unknown("tile_conv", unknown, ("axis", "tiles", "select"))
     if axis is None or tiles is None:
         raise ConfigError("tile_conv: both axis= and tiles= are required, e.g. axis='H', tiles=4")
@@ -130,3 +131,6 @@ def tile_conv(
     if fn is None:
         return lambda f: tile_conv(f, axis=axis, tiles=tiles, select=select)
     return transform(fn, "tile_conv", lambda closed: _conv_rules(axis, tiles, select))
+
+
+__all__ = ["tile_conv"]

@@ -81,3 +81,6 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(f"OK: tiled outputs match (rtol={RTOL}, atol={ATOL} x output scale)")
     return 0
+
+
+__all__ = ["HELP", "add_arguments", "run"]

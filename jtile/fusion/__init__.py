@@ -30,8 +30,9 @@ and its bias does not hide the pattern.
 
 import functools
 from collections.abc import Callable, Sequence
+from typing import Any
 
-from .._errors import ConfigError, reject_unknown
+from .._errors import ConfigError, reject_positional, reject_unknown
 from .._interpreter import transform
 from ._chains import Affine, BiasAct
 from ._plan import chain_rules
@@ -42,7 +43,8 @@ DEFAULT = ("fold_batchnorm", "dense", "conv_bias_act", "fold_constants", "drop_i
 
 
 def _recipe(name: str, apply: Callable) -> Callable:
-    def recipe(fn: Callable | None = None, /, **unknown) -> Callable:
+    def recipe(fn: Callable | None = None, /, *positional, **unknown) -> Callable:
+        reject_positional(name, fn, positional, "")
         reject_unknown(name, unknown, ())
         if fn is None:
             return recipe
@@ -96,28 +98,42 @@ def _check_recipes(recipes: Sequence[str]) -> tuple[str, ...]:
     return tuple(r for r in ORDER if r in recipes)
 
 
-def fuse(fn: Callable | None = None, /, *, recipes: Sequence[str] = DEFAULT, **unknown) -> Callable:
+def fuse(fn: Callable | None = None, /, *positional, recipes: Sequence[str] = DEFAULT,
+         **unknown) -> Callable:
     """Apply the fusion `recipes` to `fn` (in the module's fixed order)."""
+    reject_positional("fuse", fn, positional, "recipes=('dense',)")
     reject_unknown("fuse", unknown, ("recipes",))
     chosen = _check_recipes(recipes)
     if fn is None:
         return functools.partial(fuse, recipes=recipes)
-    if not callable(fn):
-        raise ConfigError(f"fuse: expected a function to transform, got {fn!r}")
     out = fn
     for name in chosen:
         out = RECIPES[name](out)
     return out
 
 
-def fold_params(fn: Callable, params, /, *, recipes: Sequence[str] = DEFAULT, **unknown) -> Callable:
+_UNSET = object()
+
+
+def fold_params(fn: Callable | None = None, params: Any = _UNSET, *,
+                recipes: Sequence[str] = DEFAULT, **unknown) -> Callable:
     """`fuse(fn)` with `params` (the first argument) closed over and folded.
 
     Returns `g(*args, **kwargs) == fn(params, *args, **kwargs)` whose jaxpr
     holds the folded weights as constants. `fold_constants` is always applied.
+    `params` is data, so it may come positionally: `fold_params(fn, params)`,
+    or `@fold_params(params=params)` as a decorator.
     """
-    reject_unknown("fold_params", unknown, ("recipes",))
+    reject_unknown("fold_params", unknown, ("params", "recipes"))
     chosen = _check_recipes(recipes)
+    if params is _UNSET or (fn is not None and not callable(fn)):
+        raise ConfigError(
+            "fold_params: give the function and its parameters, fold_params(fn, params), or "
+            f"use @fold_params(params=params) as a decorator; got fn={fn!r}"
+            + ("" if params is not _UNSET else " and no params")
+        )
+    if fn is None:
+        return functools.partial(fold_params, params=params, recipes=recipes)
     bound = functools.wraps(fn)(functools.partial(fn, params))
     return fuse(bound, recipes=(*chosen, "fold_constants"))
 

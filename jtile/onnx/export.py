@@ -192,3 +192,5 @@ def export(
         _save(model, path)
     return model
 
+
+__all__ = ["OPSET", "Graph", "export"]

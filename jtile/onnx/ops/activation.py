@@ -83,3 +83,9 @@ def softmax(node, x):
 def log_softmax(node, x):
     z = _shifted(x, _softmax_axes(node, x))
     return z - jnp.log(jnp.sum(jnp.exp(z), axis=_softmax_axes(node, x), keepdims=True))
+
+
+__all__ = [
+    "relu", "leaky_relu", "prelu", "clip", "sigmoid", "hard_sigmoid", "hard_swish", "softmax",
+    "log_softmax"
+]

@@ -28,3 +28,6 @@ def gemm(node, a, b, c=None):
 @register("MatMul", since=1)
 def matmul(node, a, b):
     return jnp.matmul(a, b)
+
+
+__all__ = ["gemm", "matmul"]

@@ -44,3 +44,6 @@ def _reduce(op_type, node, x, axes=None):
 
 for _op in _REDUCE:
     register(_op, since=1, static=(1,))(functools.partial(_reduce, _op))
+
+
+__all__ = []
