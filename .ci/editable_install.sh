@@ -18,7 +18,7 @@ venv_python="$work/venv/bin/python"
 check='
 import jtile, jtile.kernels as k
 assert not k._UNAVAILABLE, k._UNAVAILABLE
-print(f"  jtile from {jtile.__path__[0]}, kernels from {k.LIBRARY_PATH}")
+print(f"  jtile.kernels from {k.__file__}, library from {k.LIBRARY_PATH}")
 '
 (cd "$work" && "$venv_python" -c "$check")
 (cd "$work/src" && "$venv_python" -c "$check")

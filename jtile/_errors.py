@@ -48,15 +48,18 @@ def reject_positional(where: str, fn: Callable | None, positional: tuple, usage:
     """Raise `ConfigError` unless `fn` is a function (or None, for the decorator
     form) and no configuration came positionally; `usage` shows the keywords,
     e.g. `"axis='H', tiles=4"`."""
-    extra = positional if fn is None or callable(fn) else (fn, *positional)
-    if extra:
-        got = ", ".join(repr(a) for a in extra)
-        if not usage:
-            raise ConfigError(f"{where}: expected a function, got {got}; write {where}(fn) or @{where}")
-        raise ConfigError(
-            f"{where}: its configuration is keyword-only, got {got} positionally; write "
-            f"{where}(fn, {usage}), or @{where}({usage}) as a decorator"
-        )
+    if fn is not None and not callable(fn):
+        problem = f"expected a function to transform, got {fn!r}"
+    elif positional:
+        problem = f"got {', '.join(repr(a) for a in positional)} positionally"
+    else:
+        return
+    if not usage:
+        raise ConfigError(f"{where}: {problem}; write {where}(fn) or @{where}")
+    raise ConfigError(
+        f"{where}: {problem}; the configuration is keyword-only: write {where}(fn, {usage}), "
+        f"or @{where}({usage}) as a decorator"
+    )
 
 
 def require_positive_int(where: str, name: str, value) -> int:
