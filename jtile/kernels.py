@@ -7,7 +7,10 @@ the installed `jtile` distribution (an editable install, or a script run from
 a clone's root after `pip install .`); `JTILE_KERNELS_LIB=/path/lib.so` loads
 that build only. Importing never fails: if the library is missing, calling a
 kernel raises `UnsupportedError` saying how to build it, and `"auto"`
-selectors warn once (`KernelsUnavailableWarning`) and keep XLA.
+selectors warn once (`KernelsUnavailableWarning`) and keep XLA. A library
+found in the installed distribution was built from that install's sources: if
+the checkout being run has newer kernels, rebuild (a missing handler symbol is
+reported as a stale build).
 
 Every kernel computes in float32 (any other dtype raises `UnsupportedError`;
 cast, or leave that layer to XLA), works under `jax.jit`, and differentiates
