@@ -48,7 +48,7 @@ class LayerCase:
         )
 
     def jtile_fn(self):
-        return swap_backend(fold_params(self.fn, self.args[0]), "auto"), self.args[1:]
+        return swap_backend(fold_params(self.fn, self.args[0]), algorithms="auto"), self.args[1:]
 
     @functools.cached_property
     def args(self) -> tuple[jax.Array, jax.Array]:

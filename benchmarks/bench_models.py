@@ -1,6 +1,6 @@
 """Model suite: the zoo's CNNs at 224x224, batch 1 and 8, each timed four ways.
 
-jtile runs `jax.jit(swap_backend(fold_params(fn, params), "auto"))(x)`: weights
+jtile runs `jax.jit(swap_backend(fold_params(fn, params), algorithms="auto"))(x)`: weights
 fused and folded once at trace time (as ORT does at session creation), then
 per-layer kernels where the cost model expects a win. jax runs
 `jax.jit(fn)(params, x)`, weights as arguments. ONNX Runtime and torch run the graph `jtile.onnx.export` writes for the same
@@ -48,7 +48,7 @@ class ModelCase:
 
     def jtile_fn(self):
         params, x = self.args
-        return swap_backend(fold_params(self.fn, params), "auto"), (x,)
+        return swap_backend(fold_params(self.fn, params), algorithms="auto"), (x,)
 
     @functools.cache
     def reference(self) -> np.ndarray:

@@ -43,7 +43,7 @@ REWRITES = {
     "fuse": lambda fn, params: jtile.fuse(fn),
     "split_gemm": lambda fn, params: jtile.split_gemm(fn, max_m=64, max_k=64, max_n=64),
     "fold_params": lambda fn, params: jtile.fusion.fold_params(fn, params),
-    "swap_backend": lambda fn, params: jtile.swap_backend(jtile.fusion.fold_params(fn, params), "auto"),
+    "swap_backend": lambda fn, params: jtile.swap_backend(jtile.fusion.fold_params(fn, params), algorithms="auto"),
 }
 
 

@@ -1,7 +1,7 @@
 """Shared machinery of the speed benchmarks: four backends, checked, timed, reported.
 
 Every case is run four ways — `jtile` (`jax.jit(swap_backend(fold_params(fn,
-params), "auto"))`), `jax` (`jax.jit(fn)`), `ort` (ONNX Runtime on the same
+params), algorithms="auto"))`), `jax` (`jax.jit(fn)`), `ort` (ONNX Runtime on the same
 graph, 2 intra-op threads) and `torch` (eager, 2 threads, inference mode) —
 each output checked against the plain `jnp` function before it is timed. At the end of the session
 `report.py` prints the ratio table and writes JSON and a bar chart to

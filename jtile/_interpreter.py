@@ -60,9 +60,21 @@ def _eval_cond(eqn, invals, rules):
     return lax.switch(index, branches, *operands)
 
 
+def scan_layout(params: Mapping[str, Any]) -> tuple[int, int]:
+    """`(number of consts, number of carries)` among a `scan` equation's inputs.
+
+    jax 0.10 gives them as `num_consts` / `num_carry`; jax 0.11 and later as
+    the flat tree `ft_in`, whose three parts are consts, carries and xs.
+    """
+    if "ft_in" in params:
+        consts, carry, _ = params["ft_in"].unpack()
+        return len(consts), len(carry)
+    return params["num_consts"], params["num_carry"]
+
+
 def _eval_scan(eqn, invals, rules):
     p = eqn.params
-    nc, ncarry = p["num_consts"], p["num_carry"]
+    nc, ncarry = scan_layout(p)
     consts, carry, xs = invals[:nc], invals[nc : nc + ncarry], invals[nc + ncarry :]
     body = _closed_fn(p["jaxpr"], rules)
 

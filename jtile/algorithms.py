@@ -1,6 +1,6 @@
 """Per-layer algorithm swapping, as ai3 does it.
 
-`swap_backend(fn, {"conv2d": selector, "dense": selector, ...})` replaces the
+`swap_backend(fn, algorithms={"conv2d": selector, "dense": ...})` replaces the
 layers of `fn` by jtile's C kernels (`jtile.kernels`), one algorithm per layer.
 A selector is a name for every layer of that kind, a list with one name per
 layer in program order, or a callable receiving a `jtile.Layer` and returning a
@@ -24,10 +24,11 @@ from collections.abc import Callable, Mapping, Sequence
 import jax.extend.core as jcore
 
 from . import _algorithm_kinds as kinds
-from ._errors import ConfigError, UnsupportedError, reject_unknown
+from ._errors import ConfigError, UnsupportedError, reject_positional, reject_unknown
 from ._graph import Graph
 from ._interpreter import bind, transform
 from ._layers import Layer
+from .kernels import warn_if_unavailable
 
 Selector = str | Sequence[str] | Callable[[Layer], str]
 
@@ -83,8 +84,6 @@ for _kind, _choose in kinds.AUTO.items():
 
 
 def _check_selectors(algorithms) -> dict[str, Selector]:
-    if algorithms is None:
-        algorithms = "auto"
     if isinstance(algorithms, str):
         algorithms = {kind: algorithms for kind in layer_kinds()}
     if not isinstance(algorithms, Mapping):
@@ -144,6 +143,7 @@ def _check_lengths(selectors: dict[str, Selector], counts: dict[str, int]) -> No
 def _resolve(name: str, eqn, layer: Layer, producers: dict) -> Algorithm | None:
     """The algorithm to run for `layer`, `None` for XLA's own op; explicit misfits raise."""
     if name == "auto":
+        warn_if_unavailable("swap_backend")
         name = _AUTO[layer.kind](eqn, layer, producers)
     if name == "default":
         return None
@@ -215,33 +215,36 @@ def _rules(plan: _Plan) -> dict:
 
 def swap_backend(
     fn: Callable | None = None,
-    algorithms: Mapping[str, Selector] | str | None = None,
+    /,
+    *positional,
+    algorithms: Mapping[str, Selector] | str = "auto",
     **unknown,
 ) -> Callable:
     """Run the layers of `fn` with the algorithms `algorithms` selects.
 
     **Arguments:**
 
-    - `fn`: the function to transform. Omit it (or pass the mapping first) to use
-        `swap_backend` as a decorator.
-    - `algorithms`: `{layer kind: selector}` for the kinds `layer_kinds()` lists
-        (`"conv2d"`, `"dense"`, `"maxpool2d"`, `"avgpool2d"`); kinds left out keep
-        XLA. A single name (`"auto"`, `"default"`) applies to every kind; the default
-        is `"auto"`.
+    - `fn`: the function to transform. Omit it to use `swap_backend` as a
+        decorator, `@swap_backend(algorithms=...)`.
+    - `algorithms` (keyword-only): `{layer kind: selector}` for the kinds
+        `layer_kinds()` lists (`"conv2d"`, `"dense"`, `"maxpool2d"`,
+        `"avgpool2d"`); kinds left out keep XLA. A single name (`"auto"`,
+        `"default"`) applies to every kind; the default is `"auto"`.
 
     **Returns:** a function with `fn`'s signature and outputs.
 
-    **Raises:** `ConfigError` for an unknown kind or algorithm name or a list of
-    the wrong length; `UnsupportedError` when a layer is explicitly given an
-    algorithm that cannot compute it (non-float32 dtypes included). `"auto"`
-    never raises for a layer: it keeps XLA.
+    **Raises:** `ConfigError` for an unknown kind or algorithm name, a list of
+    the wrong length, or configuration given positionally; `UnsupportedError`
+    when a layer is explicitly given an algorithm that cannot compute it
+    (non-float32 dtypes included). `"auto"` never raises for a layer: it keeps
+    XLA, and warns once (`jtile.KernelsUnavailableWarning`) if the kernels are
+    not built.
     """
-    reject_unknown("swap_backend", unknown, ("fn", "algorithms"))
-    if isinstance(fn, (Mapping, str)) and algorithms is None:
-        fn, algorithms = None, fn
+    reject_positional("swap_backend", fn, positional, "algorithms='auto'")
+    reject_unknown("swap_backend", unknown, ("algorithms",))
     selectors = _check_selectors(algorithms)
     if fn is None:
-        return lambda f: swap_backend(f, selectors)
+        return lambda f: swap_backend(f, algorithms=selectors)
     plans: dict[int, tuple[jcore.ClosedJaxpr, _Plan]] = {}
 
     def make_rules(closed: jcore.ClosedJaxpr) -> dict:
@@ -252,9 +255,16 @@ def swap_backend(
     return transform(fn, "swap_backend", make_rules)
 
 
-def swap_conv2d(fn: Callable | None = None, selector: Selector | None = None, **unknown) -> Callable:
-    """`swap_backend(fn, {"conv2d": selector})`; as a decorator, `@swap_conv2d(selector=...)`."""
-    reject_unknown("swap_conv2d", unknown, ("fn", "selector"))
+def swap_conv2d(fn: Callable | None = None, /, *positional, selector: Selector | None = None,
+                **unknown) -> Callable:
+    """`swap_backend(fn, algorithms={"conv2d": selector})`; as a decorator,
+    `@swap_conv2d(selector=...)`."""
+    reject_positional("swap_conv2d", fn, positional, "selector='direct'")
+    reject_unknown("swap_conv2d", unknown, ("selector",))
     if selector is None:
-        raise ConfigError("swap_conv2d: selector= is required, e.g. swap_conv2d(fn, 'winograd')")
-    return swap_backend(fn, {"conv2d": selector})
+        raise ConfigError("swap_conv2d: selector= is required, e.g. swap_conv2d(fn, selector='winograd')")
+    return swap_backend(fn, algorithms={"conv2d": selector})
+
+
+__all__ = ["Algorithm", "Selector", "algorithm_names", "layer_kinds", "register_algorithm",
+           "register_auto", "swap_backend", "swap_conv2d"]

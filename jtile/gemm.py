@@ -55,7 +55,7 @@ import numpy as np
 from jax import lax
 
 from . import _fused
-from ._errors import ConfigError, UnsupportedError, reject_unknown, require_positive_int
+from ._errors import ConfigError, UnsupportedError, reject_positional, reject_unknown, require_positive_int
 from ._graph import Graph
 from ._interpreter import bind, transform
 from ._layers import scope_name
@@ -245,7 +245,7 @@ def _check_limit(name: str, value) -> int | None:
 def split_gemm(
     fn: Callable | None = None,
     /,
-    *,
+    *positional,
     max_m: int | None = None,
     max_k: int | None = None,
     max_n: int | None = None,
@@ -262,6 +262,7 @@ def split_gemm(
     docstring). Usable bare, `split_gemm(f, max_m=64, max_k=64, max_n=64)`, or
     as a decorator.
     """
+    reject_positional("split_gemm", fn, positional, "max_m=64, max_k=64, max_n=64")
     reject_unknown("split_gemm", unknown, ("max_m", "max_k", "max_n", "kernel", "emit"))
     limits = tuple(_check_limit(n, v) for n, v in zip(("max_m", "max_k", "max_n"), (max_m, max_k, max_n)))
     if all(v is None for v in limits):
@@ -321,3 +322,5 @@ def tile_count(m: int, k: int, n: int, *, max_m=None, max_k=None, max_n=None) ->
     """How many tiles `split_gemm` makes of an `(m, k) @ (k, n)` product."""
     return math.prod(len(_ranges(size, step)) for size, step in ((m, max_m), (k, max_k), (n, max_n)))
 
+
+__all__ = ["bounded_dense", "split_gemm", "tiles_per_layer", "tile_count"]

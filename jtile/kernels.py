@@ -1,10 +1,16 @@
 """jtile's C kernels, called through `jax.ffi`, and the jnp reference of each.
 
-At import this module loads `libjtile_kernels.so` (built by `pip install .`
-into the package directory; `JTILE_KERNELS_LIB=/path/lib.so` loads another
-build) and registers every FFI target listed in `_TARGETS` for the CPU.
-Importing never fails: if the library is missing, calling a kernel raises
-`UnsupportedError` saying how to build it.
+At import this module loads `libjtile_kernels.so` and registers every FFI
+target listed in `_TARGETS` for the CPU. It looks next to this file first (a
+regular install, or a source checkout after `kernels/dev_build.sh`), then in
+the installed `jtile` distribution (an editable install, or a script run from
+a clone's root after `pip install .`); `JTILE_KERNELS_LIB=/path/lib.so` loads
+that build only. Importing never fails: if the library is missing, calling a
+kernel raises `UnsupportedError` saying how to build it, and `"auto"`
+selectors warn once (`KernelsUnavailableWarning`) and keep XLA. A library
+found in the installed distribution was built from that install's sources: if
+the checkout being run has newer kernels, rebuild (a missing handler symbol is
+reported as a stale build).
 
 Every kernel computes in float32 (any other dtype raises `UnsupportedError`;
 cast, or leave that layer to XLA), works under `jax.jit`, and differentiates
@@ -22,8 +28,10 @@ reference's gradients. Layouts: NCHW activations, OIHW conv weights
 import ctypes
 import dataclasses
 import functools
+import importlib.metadata
 import math
 import os
+import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 
@@ -33,7 +41,7 @@ import numpy as np
 from jax import lax
 
 from . import _registry
-from ._errors import ConfigError, UnsupportedError
+from ._errors import ConfigError, KernelsUnavailableWarning, UnsupportedError
 from ._interpreter import eager_if_known, is_known
 from ._regions import SlidingWindow
 
@@ -42,7 +50,10 @@ Padding = tuple[Pair, Pair]
 
 LIBRARY_ENV = "JTILE_KERNELS_LIB"
 _LIBRARY_NAME = "libjtile_kernels.so"
-_BUILD_HINT = "build them with `pip install .` (or `kernels/dev_build.sh` in a source checkout)"
+_BUILD_HINT = (
+    "build them with `pip install .` or `pip install -e .` (or `kernels/dev_build.sh` in a "
+    "source checkout), or point JTILE_KERNELS_LIB at a built libjtile_kernels.so"
+)
 
 # FFI target name -> handler symbol exported by the library.
 _TARGETS: dict[str, str] = {
@@ -96,14 +107,38 @@ def activation_reference(y: jax.Array, activation: str | None, alpha: float = 0.
 # ------------------------------------------------------------------ loading
 
 
+def library_candidates() -> list[str]:
+    """Where the library is looked for, in order: `$JTILE_KERNELS_LIB` alone if
+    set, else next to this module, then inside the installed `jtile` distribution."""
+    if os.environ.get(LIBRARY_ENV):
+        return [os.environ[LIBRARY_ENV]]
+    paths = [os.path.join(os.path.dirname(os.path.abspath(__file__)), _LIBRARY_NAME)]
+    try:
+        installed = importlib.metadata.distribution("jtile").locate_file(f"jtile/{_LIBRARY_NAME}")
+    except importlib.metadata.PackageNotFoundError:
+        return paths
+    if os.path.abspath(installed) not in paths:
+        paths.append(os.path.abspath(installed))
+    return paths
+
+
+def _open_library(paths: list[str]) -> tuple[str, ctypes.CDLL | None, str]:
+    """The first of `paths` that loads, or `(paths[0], None, why none did)`."""
+    errors = []
+    for path in paths:
+        try:
+            return path, ctypes.cdll.LoadLibrary(path), ""
+        except OSError as error:
+            errors.append(str(error))
+    return paths[0], None, "; ".join(errors)
+
+
 def _load_library() -> tuple[str, dict[str, str]]:
     """Load the library and register its targets; return its path and
     `{target: why it is unavailable}` for targets that could not be registered."""
-    path = os.environ.get(LIBRARY_ENV) or os.path.join(os.path.dirname(__file__), _LIBRARY_NAME)
-    try:
-        library = ctypes.cdll.LoadLibrary(path)
-    except OSError as error:
-        reason = f"the jtile kernels are not built ({path}: {error}); {_BUILD_HINT}"
+    path, library, error = _open_library(library_candidates())
+    if library is None:
+        reason = f"the jtile kernels are not built ({error}); {_BUILD_HINT}"
         return path, dict.fromkeys(_TARGETS, reason)
     missing = {}
     for target, symbol in _TARGETS.items():
@@ -118,6 +153,24 @@ def _load_library() -> tuple[str, dict[str, str]]:
 def kernel_unavailable(target: str) -> str | None:
     """Why the FFI `target` cannot run (library not built, symbol missing), or None."""
     return _UNAVAILABLE.get(target)
+
+
+_warned = False
+
+
+def warn_if_unavailable(where: str) -> None:
+    """Warn once per process, with `KernelsUnavailableWarning`, if any kernel
+    cannot run: `where` (an `"auto"` selector) then keeps XLA for it."""
+    global _warned
+    if _UNAVAILABLE and not _warned:
+        _warned = True
+        reason = next(iter(_UNAVAILABLE.values()))
+        warnings.warn(
+            f"{where}: 'auto' keeps XLA for layers whose kernel cannot run, so this function "
+            f"runs slower than it could: {reason}",
+            KernelsUnavailableWarning,
+            stacklevel=3,
+        )
 
 
 def _call(target: str, out: jax.ShapeDtypeStruct, *arrays, vmap_method: str, **attrs):
@@ -657,3 +710,13 @@ for _kind in ("max", "avg", "global"):
                        activations=(0,))
 
 LIBRARY_PATH, _UNAVAILABLE = _load_library()
+
+
+__all__ = [
+    "Pair", "Padding", "LIBRARY_ENV", "activation_reference", "library_candidates",
+    "kernel_unavailable", "warn_if_unavailable", "ConvSpec", "ConvAlgorithm",
+    "register_conv_algorithm", "conv2d_reference", "conv2d_support", "conv2d", "gemm_tile",
+    "smm_pixel_rows", "pack_gemm_weight", "dense_reference", "GEMV_ROWS", "dense",
+    "max_pool2d_reference", "avg_pool2d_reference", "global_avg_pool2d_reference", "max_pool2d",
+    "avg_pool2d", "global_avg_pool2d", "LIBRARY_PATH"
+]

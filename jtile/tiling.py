@@ -21,7 +21,7 @@ from collections.abc import Callable
 from jax import lax
 
 from . import _regions
-from ._errors import ConfigError, UnsupportedError, reject_unknown, require_positive_int
+from ._errors import ConfigError, UnsupportedError, reject_positional, reject_unknown, require_positive_int
 from ._geometry import ConvGeometry
 from ._graph import Graph
 from ._interpreter import bind, transform
@@ -139,7 +139,7 @@ class TilingWarning(UserWarning):
 def tile_conv(
     fn: Callable | None = None,
     /,
-    *,
+    *positional,
     axis: str | int | None = None,
     tiles: int | None = None,
     select: Callable[[Layer], bool] | None = None,
@@ -162,6 +162,7 @@ def tile_conv(
 
     **Returns:** a function with `fn`'s signature and outputs.
     """
+    reject_positional("tile_conv", fn, positional, "axis='H', tiles=4")
     reject_unknown("tile_conv", unknown, ("axis", "tiles", "select", "strict"))
     if axis is None or tiles is None:
         raise ConfigError("tile_conv: both axis= and tiles= are required, e.g. axis='H', tiles=4")
@@ -189,3 +190,6 @@ def tile_conv(
     return transform(fn, "tile_conv", make_rules, refuse={
         "swap_backend": "kernel calls cannot be tiled; apply tile_conv first, swap_backend(tile_conv(f)) last",
     })
+
+
+__all__ = ["TilingWarning", "tile_conv"]

@@ -61,14 +61,14 @@ def _kinds_all(name):
 @pytest.mark.parametrize("conv", ["direct", "smm"])
 def test_string_selector_swaps_every_layer_and_matches_xla(convnet, tree_allclose, conv):
     params, x = convnet
-    swapped = swap_backend(_convnet, {**_kinds_all("direct"), "conv2d": conv, "dense": "gemm"})
+    swapped = swap_backend(_convnet, algorithms={**_kinds_all("direct"), "conv2d": conv, "dense": "gemm"})
     assert _ffi_calls(swapped, params, x) == 6
     assert tree_allclose(jax.jit(swapped)(params, x), _convnet(params, x), rtol=RTOL, atol=ATOL)
 
 
 def test_list_selector_is_one_name_per_layer_in_program_order(convnet, tree_allclose):
     params, x = convnet
-    swapped = swap_backend(_convnet, {"conv2d": ["default", "depthwise", "default"]})
+    swapped = swap_backend(_convnet, algorithms={"conv2d": ["default", "depthwise", "default"]})
     jaxpr = jax.make_jaxpr(swapped)(params, x)
     assert str(jaxpr).count("ffi_call") == 1
     assert str(jaxpr).count("conv_general_dilated") == 2
@@ -83,7 +83,7 @@ def test_callable_selector_sees_each_layer(convnet, tree_allclose):
         seen.append((layer.index, layer.name, layer.groups, layer.stride, layer.kernel_size))
         return "depthwise" if layer.groups > 1 else "direct"
 
-    swapped = swap_conv2d(_convnet, pick)
+    swapped = swap_conv2d(_convnet, selector=pick)
     assert tree_allclose(swapped(params, x), _convnet(params, x), rtol=RTOL, atol=ATOL)
     assert seen == [
         (0, "stem", 1, (1, 1), (3, 3)),
@@ -95,23 +95,23 @@ def test_callable_selector_sees_each_layer(convnet, tree_allclose):
 def test_list_of_wrong_length_names_the_expected_count(convnet):
     params, x = convnet
     with pytest.raises(jtile.ConfigError, match="lists 2 algorithm.*has 3 conv2d layer.*exactly 3"):
-        swap_backend(_convnet, {"conv2d": ["direct", "direct"]})(params, x)
+        swap_backend(_convnet, algorithms={"conv2d": ["direct", "direct"]})(params, x)
 
 
 def test_explicit_unsupported_algorithm_names_layer_and_reason(convnet):
     params, x = convnet
     with pytest.raises(jtile.UnsupportedError, match=r"'winograd'.*conv2d #2 'pw'.*stride \(2, 2\)"):
-        swap_backend(_convnet, {"conv2d": ["default", "default", "winograd"]})(params, x)
+        swap_backend(_convnet, algorithms={"conv2d": ["default", "default", "winograd"]})(params, x)
 
 
 def test_unknown_names_list_the_valid_ones(convnet):
     params, x = convnet
     with pytest.raises(jtile.ConfigError, match="unknown layer kind 'conv9d'; valid kinds are avgpool2d, conv2d"):
-        swap_backend(_convnet, {"conv9d": "direct"})
+        swap_backend(_convnet, algorithms={"conv9d": "direct"})
     with pytest.raises(jtile.ConfigError, match="unknown conv2d algorithm 'fft'.*winograd"):
-        swap_conv2d(_convnet, "fft")
+        swap_conv2d(_convnet, selector="fft")
     with pytest.raises(jtile.ConfigError, match="'bogus' returned by the selector for conv2d #0 'stem'"):
-        swap_conv2d(_convnet, lambda layer: "bogus")(params, x)
+        swap_conv2d(_convnet, selector=lambda layer: "bogus")(params, x)
     with pytest.raises(jtile.ConfigError, match="unknown keyword.*algorithm"):
         swap_backend(_convnet, algorithm="direct")
     assert set(layer_kinds()) == {"conv2d", "dense", "maxpool2d", "avgpool2d"}
@@ -132,13 +132,13 @@ def test_auto_swaps_where_a_kernel_wins_and_keeps_xla_elsewhere(getkey, tree_all
         )
 
     chosen = []
-    swapped = swap_backend(net, "auto")
+    swapped = swap_backend(net, algorithms="auto")
     assert tree_allclose(swapped(x, weights), net(x, weights), rtol=RTOL, atol=ATOL)
     jaxpr = str(jax.make_jaxpr(swapped)(x, weights))
     assert jaxpr.count("ffi_call") == 3 and jaxpr.count("conv_general_dilated") == 1
     for kernel in ("winograd", "depthwise", "smm"):
         assert f"jtile_conv_{kernel}" in jaxpr
-    swap_conv2d(net, lambda layer: chosen.append(layer.index) or "auto")(x, weights)
+    swap_conv2d(net, selector=lambda layer: chosen.append(layer.index) or "auto")(x, weights)
     assert chosen == [0, 1, 2, 3]
 
 
@@ -149,18 +149,18 @@ def test_auto_dense_takes_the_kernel_for_inference_batches(getkey, tree_allclose
     def fc(x, w):
         return x @ w.T  # torch's weight layout
 
-    assert _ffi_calls(swap_backend(fc, "auto"), x, w) == int(swapped)
-    assert tree_allclose(swap_backend(fc, "auto")(x, w), fc(x, w), rtol=RTOL, atol=ATOL)
+    assert _ffi_calls(swap_backend(fc, algorithms="auto"), x, w) == int(swapped)
+    assert tree_allclose(swap_backend(fc, algorithms="auto")(x, w), fc(x, w), rtol=RTOL, atol=ATOL)
 
 
 def test_non_float32_falls_back_with_auto_and_raises_when_explicit(getkey):
     x = jax.random.normal(getkey(), (1, 32, 16, 16), jnp.bfloat16)
     w = jax.random.normal(getkey(), (32, 32, 3, 3), jnp.bfloat16)
-    swapped = swap_backend(_conv, "auto")
+    swapped = swap_backend(_conv, algorithms="auto")
     assert _ffi_calls(swapped, x, w) == 0
     assert np.array_equal(np.asarray(swapped(x, w)), np.asarray(_conv(x, w)))
     with pytest.raises(jtile.UnsupportedError, match="conv2d #0.*float32 only"):
-        swap_conv2d(_conv, "direct")(x, w)
+        swap_conv2d(_conv, selector="direct")(x, w)
 
 
 def test_transposed_conv_falls_back_with_auto(getkey):
@@ -169,9 +169,9 @@ def test_transposed_conv_falls_back_with_auto(getkey):
     def transposed(x, w):
         return lax.conv_transpose(x, w, (2, 2), "SAME", dimension_numbers=("NCHW", "OIHW", "NCHW"))
 
-    assert _ffi_calls(swap_backend(transposed, "auto"), x, w) == 0
+    assert _ffi_calls(swap_backend(transposed, algorithms="auto"), x, w) == 0
     with pytest.raises(jtile.UnsupportedError, match="lhs_dilation"):
-        swap_conv2d(transposed, "direct")(x, w)
+        swap_conv2d(transposed, selector="direct")(x, w)
 
 
 @pytest.mark.parametrize("dn", [("NHWC", "HWIO", "NHWC"), ("NCHW", "HWIO", "NHWC"), ("NHWC", "OIHW", "NCHW")])
@@ -184,7 +184,7 @@ def test_any_dimension_numbers(getkey, tree_allclose, dn):
     def f(x, w):
         return _conv(x, w, dn=dn)
 
-    swapped = swap_conv2d(f, "winograd")
+    swapped = swap_conv2d(f, selector="winograd")
     assert _ffi_calls(swapped, x, w) == 1
     assert tree_allclose(swapped(x, w), f(x, w), rtol=RTOL, atol=ATOL)
 
@@ -196,7 +196,7 @@ def test_channels_last_pools_from_equinox(getkey, tree_allclose):
     def f(x):
         return maxpool(x), avgpool(x)
 
-    swapped = swap_backend(f, {"maxpool2d": "direct", "avgpool2d": "default"})
+    swapped = swap_backend(f, algorithms={"maxpool2d": "direct", "avgpool2d": "default"})
     assert _ffi_calls(swapped, x) == 1
     assert tree_allclose(swapped(x), f(x), rtol=RTOL, atol=ATOL)
 
@@ -205,10 +205,10 @@ def test_dense_weight_layouts_and_batched_rows(getkey, tree_allclose):
     x = jax.random.normal(getkey(), (2, 3, 40))
     w = jax.random.normal(getkey(), (40, 7))
     for f, weight in [(lambda x, w: x @ w, w), (lambda x, w: x @ w.T, w.T)]:
-        swapped = swap_backend(f, {"dense": "gemm"})
+        swapped = swap_backend(f, algorithms={"dense": "gemm"})
         assert _ffi_calls(swapped, x, weight) == 1
         assert tree_allclose(swapped(x, weight), f(x, weight), rtol=RTOL, atol=ATOL)
-    batched = swap_backend(lambda a, b: jnp.einsum("bij,bjk->bik", a, b), {"dense": "gemm"})
+    batched = swap_backend(lambda a, b: jnp.einsum("bij,bjk->bik", a, b), algorithms={"dense": "gemm"})
     assert _ffi_calls(batched, x, x.transpose(0, 2, 1)) == 0
 
 
@@ -218,15 +218,15 @@ def test_sum_pool_without_the_divide_is_not_an_avg_pool(getkey, tree_allclose):
     def sum_pool(x):
         return lax.reduce_window(x, 0.0, lax.add, (1, 1, 2, 2), (1, 1, 2, 2), "VALID") / 3
 
-    assert _ffi_calls(swap_backend(sum_pool, {"avgpool2d": "direct"}), x) == 0
+    assert _ffi_calls(swap_backend(sum_pool, algorithms={"avgpool2d": "direct"}), x) == 0
     with pytest.raises(jtile.ConfigError, match="lists 1 algorithm.*has 0 avgpool2d"):
-        swap_backend(sum_pool, {"avgpool2d": ["direct"]})(x)
+        swap_backend(sum_pool, algorithms={"avgpool2d": ["direct"]})(x)
 
 
 def test_fused_conv_bias_act_is_one_kernel_call(convnet, tree_allclose):
     params, x = convnet
     fused = fuse(_convnet)
-    swapped = swap_backend(fused, {"conv2d": "direct"})
+    swapped = swap_backend(fused, algorithms={"conv2d": "direct"})
     jaxpr = jax.make_jaxpr(swapped)(params, x)
     assert str(jax.make_jaxpr(fused)(params, x)).count("conv_bias_act") >= 1
     assert "conv_bias_act" not in str(jaxpr) and "max(" not in str(jaxpr)
@@ -236,7 +236,7 @@ def test_fused_conv_bias_act_is_one_kernel_call(convnet, tree_allclose):
 
 def test_grad_through_swapped_function(convnet, tree_allclose):
     params, x = convnet
-    swapped = swap_backend(_convnet, {**_kinds_all("direct"), "dense": "gemm"})
+    swapped = swap_backend(_convnet, algorithms={**_kinds_all("direct"), "dense": "gemm"})
 
     def loss(fn):
         return lambda p: jnp.sum(fn(p, x) ** 2)
@@ -248,7 +248,7 @@ def test_decorator_forms_and_composition_with_jit_and_tiling(convnet, tree_allcl
     params, x = convnet
     expected = _convnet(params, x)
 
-    @swap_backend({"conv2d": "direct"})
+    @swap_backend(algorithms={"conv2d": "direct"})
     def decorated(p, x):
         return _convnet(p, x)
 
@@ -256,7 +256,7 @@ def test_decorator_forms_and_composition_with_jit_and_tiling(convnet, tree_allcl
     def decorated_conv(p, x):
         return _convnet(p, x)
 
-    tiled = swap_backend(jtile.tile_conv(_convnet, axis="H", tiles=2), {"conv2d": "direct"})
+    tiled = swap_backend(jtile.tile_conv(_convnet, axis="H", tiles=2), algorithms={"conv2d": "direct"})
     assert _ffi_calls(tiled, params, x) == 6
     for fn in (jax.jit(decorated), eqx.filter_jit(decorated_conv), jax.jit(tiled)):
         assert tree_allclose(fn(params, x), expected, rtol=RTOL, atol=ATOL)
@@ -266,7 +266,7 @@ def test_decorator_forms_and_composition_with_jit_and_tiling(convnet, tree_allcl
 def test_ai3_readme_convnet_with_its_selector_list(tree_allclose):
     fn, params = jtile.models.as_function(jtile.models.get("ai3_convnet", jax.random.key(0)))
     x = jax.random.normal(jax.random.key(1), (2, 3, 32, 32))
-    swapped = swap_conv2d(fn, ["direct", "smm"])
+    swapped = swap_conv2d(fn, selector=["direct", "smm"])
     assert _ffi_calls(swapped, params, x) == 2
     assert tree_allclose(jax.jit(swapped)(params, x), jax.jit(fn)(params, x), rtol=RTOL, atol=ATOL)
 
@@ -275,7 +275,7 @@ def test_onnx_imported_model_is_swapped(tree_allclose):
     fn, params = jtile.models.as_function(jtile.models.get("ai3_convnet", jax.random.key(0)))
     x = jax.random.normal(jax.random.key(1), (1, 3, 32, 32))
     imported = jtile.onnx.load(jtile.onnx.export(fn, x, params=params))
-    swapped = swap_backend(imported.fn, {"conv2d": ["smm", "winograd"], "maxpool2d": "direct"})
+    swapped = swap_backend(imported.fn, algorithms={"conv2d": ["smm", "winograd"], "maxpool2d": "direct"})
     assert _ffi_calls(swapped, imported.params, x) == 3
     assert tree_allclose(swapped(imported.params, x), fn(params, x), rtol=RTOL, atol=ATOL)
 
@@ -285,7 +285,7 @@ def test_zoo_model_swapped_with_auto(tree_allclose):
     model = jtile.models.get("mobilenet_v2", jax.random.key(0))
     fn, params = jtile.models.as_function(model)
     x = jax.random.normal(jax.random.key(1), (1, 3, 32, 32))
-    swapped = swap_backend(fuse(fn), "auto")
+    swapped = swap_backend(fuse(fn), algorithms="auto")
     assert _ffi_calls(swapped, params, x) >= 17  # at least every depthwise conv
     assert tree_allclose(jax.jit(swapped)(params, x), jax.jit(fn)(params, x), rtol=1e-3, atol=1e-4)
 
@@ -298,7 +298,7 @@ def test_fused_dense_with_per_row_bias_adds_it_after_the_kernel(getkey, tree_all
 
     fused = fuse(f)
     assert "dense[" in str(jax.make_jaxpr(fused)(w, x, b))
-    swapped = swap_backend(fused, {"dense": "gemm"})
+    swapped = swap_backend(fused, algorithms={"dense": "gemm"})
     assert _ffi_calls(swapped, w, x, b) == 1
     assert tree_allclose(swapped(w, x, b), f(w, x, b), rtol=RTOL, atol=ATOL)
 
@@ -313,14 +313,14 @@ def test_folded_weights_are_packed_once_at_trace_time(getkey, tree_allclose):
     w = jax.random.normal(getkey(), (40, 16, 3, 3)) * 0.1
     x = jax.random.normal(getkey(), (1, 16, 9, 9))
     net = lambda w, x: jax.nn.relu(_conv(x, w, stride=2))  # noqa: E731
-    folded = swap_backend(fold_params(net, w), "auto")
+    folded = swap_backend(fold_params(net, w), algorithms="auto")
     closed = jax.make_jaxpr(folded)(x)
     assert {e.primitive.name for e in iter_eqns(closed.jaxpr)} == {"custom_vjp_call", "ffi_call"}
     mr, nr = kernels.gemm_tile()
     # 5x5 outputs: pixels are the GEMM rows, channels packed nr a strip (the raw
     # weight stays a constant too, for the backward pass's reference)
     assert (1, -(-40 // nr), 16 * 9, nr) in [c.shape for c in closed.consts]
-    traced = {e.primitive.name for e in iter_eqns(jax.make_jaxpr(swap_backend(net, "auto"))(w, x).jaxpr)}
+    traced = {e.primitive.name for e in iter_eqns(jax.make_jaxpr(swap_backend(net, algorithms="auto"))(w, x).jaxpr)}
     assert {"pad", "transpose"} <= traced
     assert tree_allclose(jax.jit(folded)(x), net(w, x), rtol=RTOL, atol=ATOL)
 
@@ -341,6 +341,6 @@ def test_auto_pools_take_the_kernel_except_stride_one_on_small_planes(
         mean = lax.reduce_window(x, 0.0, lax.add, dims, strides, pads) / (window * window)
         return peak, mean
 
-    auto = swap_backend(pools, "auto")
+    auto = swap_backend(pools, algorithms="auto")
     assert _ffi_calls(auto, x) == (2 if swapped else 0)
     assert tree_allclose(jax.jit(auto)(x), pools(x), rtol=RTOL, atol=ATOL)

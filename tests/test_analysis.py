@@ -92,7 +92,7 @@ def test_primitive_without_rule_is_listed_not_guessed():
 def test_fused_and_kernel_ops_count_as_the_ops_they_replace():
     model, x = models.get("tutorial"), _shape("tutorial")
     plain = summary(model, x)
-    for transformed in (fuse(model), swap_backend(model, {"conv2d": "direct"})):
+    for transformed in (fuse(model), swap_backend(model, algorithms={"conv2d": "direct"})):
         s = summary(transformed, x)
         assert s.macs_by_category["conv"] == plain.macs_by_category["conv"] == 4 * 32 * 64 * 64 * 27
         assert s.uncounted == ()
@@ -112,7 +112,7 @@ def test_kernels_on_packed_weights_count_as_the_layers_they_run(model_name):
     fn, params = models.as_function(models.get(model_name, jax.random.key(0)))
     x = _shape(model_name)
     plain = summary(fn, params, x)
-    swapped = summary(swap_backend(fold_params(fn, params), "auto"), x)
+    swapped = summary(swap_backend(fold_params(fn, params), algorithms="auto"), x)
     for category in ("conv", "dense"):
         assert swapped.macs_by_category[category] == plain.macs_by_category[category]
     assert swapped.uncounted == ()

@@ -1,9 +1,13 @@
 import os
+import stat
 
+import jax.numpy as jnp
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 
+import jtile
 from jtile.cli import main
 
 LIGHT = os.path.join(onnx.__path__[0], "backend", "test", "data", "light")
@@ -52,3 +56,37 @@ def test_export_bad_arguments_exit_2(tmp_path, capsys):
     assert main(["export", "no_such_model", "-o", str(out)]) == 2
     assert "neither an existing file nor a zoo model" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_export_to_a_bad_path_is_a_jtile_error_naming_it(tmp_path, capsys):
+    missing = tmp_path / "missing" / "dir" / "r.onnx"
+    assert main(["export", "tutorial", "--size", "8", "-o", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("jtile: error: export: cannot write") and f"{tmp_path / 'missing' / 'dir'} does not exist" in err
+    assert main(["export", "tutorial", "--size", "8", "-o", str(tmp_path)]) == 2
+    assert f"{tmp_path} is a directory" in capsys.readouterr().err
+    (tmp_path / "file").write_text("")
+    assert main(["export", "tutorial", "--size", "8", "-o", str(tmp_path / "file" / "r.onnx")]) == 2
+    assert f"{tmp_path / 'file'} is not a directory" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_export_to_an_unwritable_directory_is_a_jtile_error():
+    # /proc refuses new files even to root, so this holds whoever runs the tests.
+    with pytest.raises(jtile.OnnxError, match=r"cannot write /proc/jtile\.onnx: "):
+        jtile.onnx.export(jnp.sin, jnp.ones(3), path="/proc/jtile.onnx")
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_exported_files_get_the_users_umask(tmp_path, umask):
+    out = tmp_path / "sin.onnx"
+    previous = os.umask(umask)
+    try:
+        jtile.onnx.export(jnp.sin, jnp.ones(3), path=out)
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~umask
+    assert [p.name for p in tmp_path.iterdir()] == ["sin.onnx"]
+    session = _session(out)
+    (x,) = session.get_inputs()
+    assert np.allclose(session.run(None, {x.name: np.ones(3, np.float32)})[0], np.sin(1.0))

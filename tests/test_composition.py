@@ -85,7 +85,7 @@ def _apply(name, fn, folded, params):
         return jtile.fuse(fn), folded
     if name == "split_gemm":
         return jtile.split_gemm(fn, max_m=1, max_k=4, max_n=4), folded
-    return jtile.swap_backend(fn, "auto"), folded
+    return jtile.swap_backend(fn, algorithms="auto"), folded
 
 
 def _ops(fn, folded, params, x) -> collections.Counter:

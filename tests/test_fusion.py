@@ -181,7 +181,7 @@ def test_residual_add_joins_the_conv_before_its_activation(tree_allclose, downsa
     assert [describe(e).residual for e in convs].count(True) == 1
     assert not {"add", "max"} & set(_activation_ops(fused, p, x, shape=(2, c, 8, 8)))
     assert _same(fused, block, p, x, tree_allclose=tree_allclose, rtol=1e-5, atol=1e-5)
-    swapped = jtile.swap_backend(fused, "auto")
+    swapped = jtile.swap_backend(fused, algorithms="auto")
     assert tree_allclose(jax.jit(swapped)(p, x), jax.jit(block)(p, x), rtol=1e-4, atol=1e-4)
     assert jax.make_jaxpr(swapped)(p, x).pretty_print().count("ffi_call") == len(convs)
 

@@ -96,7 +96,7 @@ def test_a_swapped_layer_is_still_a_conv2d(getkey):
         with jax.named_scope("conv1"):
             return jax.nn.relu(_conv(x, p["w"]))
 
-    swapped = jtile.swap_backend(f, {"conv2d": "smm"})
+    swapped = jtile.swap_backend(f, algorithms={"conv2d": "smm"})
     (op,) = [op for op in jtile.graph(swapped, params, x).ops if op.primitive == "ffi_call"]
     layer = op.layer()
     assert (layer.kind, layer.kernel_size, layer.stride, layer.padding) == ("conv2d", (3, 3), (1, 1), ((1, 1), (1, 1)))

@@ -5,7 +5,7 @@ import pytest
 from jax import lax
 
 import jtile
-from jtile._interpreter import eval_jaxpr, iter_eqns, make_jaxpr, rewrite, transform
+from jtile._interpreter import eval_jaxpr, iter_eqns, make_jaxpr, rewrite, scan_layout, transform
 
 SIN_TO_COS = {"sin": lambda eqn, x: jnp.cos(x)}
 
@@ -31,6 +31,32 @@ def test_rules_reach_every_nested_jaxpr():
     f = transform(_nested, "test", lambda closed: SIN_TO_COS)
     np.testing.assert_allclose(jax.jit(f)(x), _nested_reference(x), rtol=1e-6)
     np.testing.assert_allclose(f(-x), _nested_reference(-x), rtol=1e-6)
+
+
+def _scan_with_consts(x, w, xs):
+    def step(carry, a):
+        h, n = carry
+        return (jnp.sin(h * w) + a, n + 1), jnp.sin(h).sum() * x[0]
+
+    return lax.scan(step, (x, 0), xs)
+
+
+def test_scan_with_consts_carries_and_outputs_is_interpreted():
+    # jax 0.10 lays scan's inputs out with num_consts / num_carry, jax 0.11+ with
+    # a flat tree ft_in: scan_layout reads both (CI runs the other jax too).
+    x, w, xs = jnp.linspace(-1.0, 1.0, 3), jnp.float32(0.5), jnp.ones((4, 3))
+    (eqn,) = [e for e in iter_eqns(make_jaxpr(_scan_with_consts, x, w, xs).jaxpr) if e.primitive.name == "scan"]
+    consts, carries = scan_layout(eqn.params)
+    assert carries == 2 and len(eqn.invars) == consts + carries + 1
+    f = transform(_scan_with_consts, "test", lambda closed: SIN_TO_COS)
+    (h, n), ys = jax.jit(f)(x, w, xs)
+    h_ref, ys_ref = x, []
+    for a in xs:
+        ys_ref.append(jnp.cos(h_ref).sum() * x[0])
+        h_ref = jnp.cos(h_ref * w) + a
+    np.testing.assert_allclose(h, h_ref, rtol=1e-6)
+    np.testing.assert_allclose(ys, jnp.stack(ys_ref), rtol=1e-6)
+    assert n == 4
 
 
 def test_primitive_without_rule_is_rebound_unchanged():

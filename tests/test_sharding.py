@@ -308,7 +308,7 @@ def test_refuses_to_follow_transforms_that_hide_or_split_the_convs():
     fn, model, x = _tutorial()
     mesh = jax.make_mesh((1,), ("x",))
     with pytest.raises(jtile.ConfigError, match="already transformed by swap_backend: shard_spatial partitions"):
-        jtile.shard_spatial(jtile.swap_backend(fn, {"conv2d": "smm"}), mesh=mesh)
+        jtile.shard_spatial(jtile.swap_backend(fn, algorithms={"conv2d": "smm"}), mesh=mesh)
     with pytest.raises(jtile.ConfigError, match="already transformed by tile_conv"):
         jtile.shard_spatial(jtile.tile_conv(fn, axis="H", tiles=2), mesh=mesh)
 

@@ -344,7 +344,7 @@ def test_composes_with_fuse_and_swap_backend_so_tiles_run_on_the_kernels(getkey)
     model = jtile.models.get("tutorial", getkey())
     x = jax.random.normal(getkey(), jtile.models.input_shape("tutorial"))
     fn = lambda m, x: m(x)  # noqa: E731
-    tiled = jtile.swap_backend(jtile.tile_spatial(jtile.fuse(fn), grid=(2, 2)), {"conv2d": "smm"})
+    tiled = jtile.swap_backend(jtile.tile_spatial(jtile.fuse(fn), grid=(2, 2)), algorithms={"conv2d": "smm"})
     closed = make_jaxpr(tiled, model, x)
     loops = [e for e in closed.jaxpr.eqns if e.primitive.name in ("scan", "while")]
     assert loops and any(e.primitive.name == "ffi_call" for loop in loops for e in iter_eqns(

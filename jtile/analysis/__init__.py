@@ -3,3 +3,7 @@
 from ._intercept import intercept as intercept
 from ._summary import Summary as Summary
 from ._summary import summary as summary
+
+__all__ = [
+    "intercept", "Summary", "summary"
+]

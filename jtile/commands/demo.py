@@ -193,3 +193,6 @@ def _compare(got, expected, label: str) -> int:
         return 1
     print(f"OK: {label} outputs match (rtol={RTOL}, atol={ATOL} x output scale)")
     return 0
+
+
+__all__ = ["HELP", "add_arguments", "run"]

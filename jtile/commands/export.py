@@ -69,3 +69,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {args.output}: {len(model.graph.node)} nodes, "
           f"{len(model.graph.initializer)} initializers")
     return 0
+
+
+__all__ = ["HELP", "add_arguments", "run"]

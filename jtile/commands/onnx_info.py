@@ -56,3 +56,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print(info, args.tensors)
     return 0
+
+
+__all__ = ["HELP", "add_arguments", "run"]

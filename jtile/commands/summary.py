@@ -68,3 +68,6 @@ def run(args: argparse.Namespace) -> int:
         result = _zoo_summary(args.model, args)
     print(result.to_json(indent=1) if args.json else result.table())
     return 0
+
+
+__all__ = ["HELP", "add_arguments", "run"]

@@ -30,8 +30,9 @@ and its bias does not hide the pattern.
 
 import functools
 from collections.abc import Callable, Sequence
+from typing import Any
 
-from .._errors import ConfigError, reject_unknown
+from .._errors import ConfigError, reject_positional, reject_unknown
 from .._interpreter import applied, refuse_after, transform
 from ._chains import Affine, BiasAct
 from ._plan import chain_rules
@@ -49,7 +50,8 @@ REFUSE = {
 
 
 def _recipe(name: str, apply: Callable) -> Callable:
-    def recipe(fn: Callable | None = None, /, **unknown) -> Callable:
+    def recipe(fn: Callable | None = None, /, *positional, **unknown) -> Callable:
+        reject_positional(name, fn, positional, "")
         reject_unknown(name, unknown, ())
         if fn is None:
             return recipe
@@ -103,8 +105,10 @@ def _check_recipes(recipes: Sequence[str]) -> tuple[str, ...]:
     return tuple(r for r in ORDER if r in recipes)
 
 
-def fuse(fn: Callable | None = None, /, *, recipes: Sequence[str] = DEFAULT, **unknown) -> Callable:
+def fuse(fn: Callable | None = None, /, *positional, recipes: Sequence[str] = DEFAULT,
+         **unknown) -> Callable:
     """Apply the fusion `recipes` to `fn` (in the module's fixed order)."""
+    reject_positional("fuse", fn, positional, "recipes=('dense',)")
     reject_unknown("fuse", unknown, ("recipes",))
     chosen = _check_recipes(recipes)
     if fn is None:
@@ -128,14 +132,28 @@ def _mark(out: Callable, fn: Callable, name: str) -> Callable:
     return out
 
 
-def fold_params(fn: Callable, params, /, *, recipes: Sequence[str] = DEFAULT, **unknown) -> Callable:
+_UNSET = object()
+
+
+def fold_params(fn: Callable | None = None, params: Any = _UNSET, *,
+                recipes: Sequence[str] = DEFAULT, **unknown) -> Callable:
     """`fuse(fn)` with `params` (the first argument) closed over and folded.
 
     Returns `g(*args, **kwargs) == fn(params, *args, **kwargs)` whose jaxpr
     holds the folded weights as constants. `fold_constants` is always applied.
+    `params` is data, so it may come positionally: `fold_params(fn, params)`,
+    or `@fold_params(params=params)` as a decorator.
     """
-    reject_unknown("fold_params", unknown, ("recipes",))
+    reject_unknown("fold_params", unknown, ("params", "recipes"))
     chosen = _check_recipes((*_check_recipes(recipes), "fold_constants"))
+    if params is _UNSET or (fn is not None and not callable(fn)):
+        raise ConfigError(
+            "fold_params: give the function and its parameters, fold_params(fn, params), or "
+            f"use @fold_params(params=params) as a decorator; got fn={fn!r}"
+            + ("" if params is not _UNSET else " and no params")
+        )
+    if fn is None:
+        return functools.partial(fold_params, params=params, recipes=recipes)
     refuse_after(fn, "fold_params", REFUSE)
     bound = functools.wraps(fn)(functools.partial(fn, params))
     return _mark(_chain(bound, chosen), fn, "fold_params")

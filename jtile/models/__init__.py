@@ -32,3 +32,10 @@ from .mobilenet import MobileNetV2 as MobileNetV2
 from .resnet import ResNet18 as ResNet18
 from .tutorial import Tutorial as Tutorial
 from .vgg import VGG16 as VGG16
+
+__all__ = [
+    "AdaptiveAvgPool2d", "AvgPool2d", "BatchNorm2d", "Buffer", "Conv2d", "Dropout", "LeakyReLU",
+    "Linear", "MaxPool2d", "ReLU", "ReLU6", "NAMES", "get", "input_shape", "ParamCount",
+    "as_function", "count_params", "load_state_dict", "state_dict", "trainable_mask",
+    "AI3ConvNet", "AlexNet", "GoogLeNet", "MobileNetV2", "ResNet18", "Tutorial", "VGG16"
+]

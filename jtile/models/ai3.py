@@ -32,3 +32,6 @@ class AI3ConvNet(eqx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         x = self.maxpool(self.relu(self.conv1(x)))
         return flatten(self.relu(self.conv2(x)))
+
+
+__all__ = ["AI3ConvNet"]

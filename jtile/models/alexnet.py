@@ -41,3 +41,6 @@ class AlexNet(FeaturesClassifier):
             ReLU(name="classifier.5"),
             Linear(4096, num_classes, key=next(keys), name="classifier.6"),
         )
+
+
+__all__ = ["AlexNet"]

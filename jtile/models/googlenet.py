@@ -115,3 +115,6 @@ class GoogLeNet(eqx.Module):
             x = block(x)
         x = self.inception5b(self.inception5a(self.maxpool4(x)))
         return self.fc(self.dropout(flatten(self.avgpool(x))))
+
+
+__all__ = ["BasicConv2d", "Inception", "GoogLeNet"]

@@ -77,3 +77,6 @@ class MobileNetV2(FeaturesClassifier):
             Dropout(0.2, name="classifier.0"),
             Linear(1280, num_classes, key=next(keys), name="classifier.1"),
         )
+
+
+__all__ = ["InvertedResidual", "MobileNetV2"]

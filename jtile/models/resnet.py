@@ -85,3 +85,6 @@ class ResNet18(eqx.Module):
         for block in (*self.layer1, *self.layer2, *self.layer3, *self.layer4):
             x = block(x)
         return self.fc(flatten(self.avgpool(x)))
+
+
+__all__ = ["BasicBlock", "ResNet18"]

@@ -32,3 +32,6 @@ class Tutorial(eqx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.relu0(self.bn0(self.conv0(self.leakyrelu0(x))))
+
+
+__all__ = ["Tutorial"]

@@ -38,3 +38,6 @@ class VGG16(FeaturesClassifier):
             Dropout(0.5, name="classifier.5"),
             Linear(4096, num_classes, key=next(keys), name="classifier.6"),
         )
+
+
+__all__ = ["VGG16"]

@@ -5,3 +5,7 @@ from ._info import info as info
 from ._model import OnnxModel as OnnxModel
 from ._model import load as load
 from .export import export as export
+
+__all__ = [
+    "backend", "info", "OnnxModel", "load", "export"
+]

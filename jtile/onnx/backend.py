@@ -71,3 +71,6 @@ prepare = JtileBackend.prepare
 run_model = JtileBackend.run_model
 run_node = JtileBackend.run_node
 supports_device = JtileBackend.supports_device
+
+
+__all__ = ["JtileRep", "JtileBackend", "prepare", "run_model", "run_node", "supports_device"]

@@ -131,14 +131,34 @@ def _value_info(name: str, aval) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, dtype, list(aval.shape))
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _save(model: onnx.ModelProto, path) -> None:
+    """Write `model` to `path` atomically, with the permissions `open()` would give
+    (0o666 less the umask); every failure is an `OnnxError` naming the path."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(suffix=".onnx", dir=folder)
+    if os.path.isdir(path):
+        raise OnnxError(f"export: {path} is a directory; give a file path, e.g. {os.path.join(path, 'model.onnx')}")
+    if not os.path.isdir(folder):
+        problem = "is not a directory" if os.path.exists(folder) else "does not exist; create it first"
+        raise OnnxError(f"export: cannot write {path}: {folder} {problem}")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".jtile-", suffix=".onnx", dir=folder)
+    except OSError as e:
+        raise OnnxError(f"export: cannot write {path}: {e.strerror} (in {folder})") from None
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
             f.write(model.SerializeToString())
         os.replace(tmp, path)
+    except OSError as e:
+        os.unlink(tmp)
+        raise OnnxError(f"export: cannot write {path}: {e.strerror}") from None
     except BaseException:
         os.unlink(tmp)
         raise
@@ -149,7 +169,8 @@ def export(
 ) -> onnx.ModelProto:
     """The ONNX model of `fn(*args)`, or of `fn(params, *args)` with `params` embedded.
 
-    Returns the checked `ModelProto`; with `path` also writes it (atomically).
+    Returns the checked `ModelProto`; with `path` also writes it (atomically,
+    with the user's umask); a path that cannot be written raises `OnnxError`.
     """
     call_args = args if params is None else (params, *args)
     closed = make_jaxpr(fn, *call_args)
@@ -193,3 +214,5 @@ def export(
         _save(model, path)
     return model
 
+
+__all__ = ["OPSET", "Graph", "export"]

@@ -102,3 +102,7 @@ def xp(*values: Any):
 
 
 from . import activation, conv, elementwise, indexing, linalg, norm, reduce, resize, shape  # noqa: E402,F401
+
+
+
+__all__ = ["LATEST_SCHEMA", "OpSpec", "REGISTRY", "register", "Node", "jax_dtype", "xp"]

@@ -131,3 +131,10 @@ def mish(node, x):
 @register("ThresholdedRelu", since=10)
 def thresholded_relu(node, x):
     return jnp.where(x > np.asarray(node.attr("alpha", 1.0), x.dtype), x, jnp.zeros((), x.dtype))
+
+
+__all__ = [
+    "relu", "leaky_relu", "prelu", "clip", "sigmoid", "hard_sigmoid", "hard_swish", "softmax",
+    "log_softmax", "gelu", "elu", "selu", "celu", "softplus", "softsign", "mish",
+    "thresholded_relu",
+]

@@ -202,3 +202,6 @@ def _global(reduce):
 
 register("GlobalAveragePool", since=1)(_global(jnp.mean))
 register("GlobalMaxPool", since=1)(_global(jnp.max))
+
+
+__all__ = ["conv", "conv_transpose", "max_pool", "average_pool"]

@@ -127,3 +127,6 @@ def mean(node, *xs):
 @register("Where", since=9)
 def where(node, cond, a, b):
     return xp(cond, a, b).where(cond, a, b)
+
+
+__all__ = ["legacy_broadcast", "not_", "reciprocal", "erf", "mean", "where"]

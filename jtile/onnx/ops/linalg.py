@@ -36,3 +36,6 @@ def einsum(node, *xs):
     if not isinstance(equation, str) or not equation:
         raise node.fail("equation is required")
     return jnp.einsum(equation.replace(" ", ""), *xs)
+
+
+__all__ = ["gemm", "matmul", "einsum"]

@@ -113,3 +113,6 @@ def instance_norm(node, x, scale, bias):
     var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
     y = (x - mean) * lax.rsqrt(var + np.asarray(node.attr("epsilon", 1e-5), x.dtype))
     return y * _per_channel(scale, np.ndim(x)) + _per_channel(bias, np.ndim(x))
+
+
+__all__ = ["batch_norm", "lrn", "dropout", "layer_norm", "group_norm", "instance_norm"]

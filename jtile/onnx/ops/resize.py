@@ -82,3 +82,6 @@ def upsample(node, x, scales=None):
     how = dict(mode="linear" if mode in ("linear", "bilinear") else mode, nearest_mode="floor",
                coords="asymmetric", cubic_a=-0.75, exclude_outside=0, extrapolation=0.0, antialias=0)
     return _resize(node, x, scales, None, None, how, None)
+
+
+__all__ = ["resize", "upsample"]

@@ -280,3 +280,10 @@ def range_(node, start, limit, delta):
         raise node.fail("delta must not be 0")
     n = max(math.ceil((limit - start) / delta), 0)
     return (start + np.arange(n) * delta).astype(start.dtype)
+
+
+__all__ = [
+    "FOLD_LIMIT", "shape", "size", "identity", "constant", "constant_of_shape", "cast",
+    "cast_like", "reshape", "flatten", "transpose", "concat", "split", "slice_", "pad",
+    "squeeze", "unsqueeze", "gather", "expand", "tile", "range_"
+]
