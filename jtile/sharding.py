@@ -632,3 +632,6 @@ def shard_spatial(
     order = "shard_spatial partitions lax convolutions and pools; apply it to the function before {}"
     return transform(fn, "shard_spatial", lambda closed: _rules(closed, config), refuse={
         name: order.format(name) for name in ("swap_backend", "conv_bias_act", "tile_conv")})
+
+
+__all__ = ["Collective", "collectives", "shard_spatial"]

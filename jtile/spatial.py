@@ -570,3 +570,6 @@ def tile_spatial(
 
     wrapped.__jtile_cache__ = cache
     return wrapped
+
+
+__all__ = ["Block", "Plan", "SpatialWarning", "make_plan", "select_block", "tile_spatial", "tile_windows"]

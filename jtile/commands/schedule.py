@@ -83,3 +83,6 @@ def run(args: argparse.Namespace) -> int:
         if path:
             print(f"wrote {path}")
     return 0
+
+
+__all__ = ["HELP", "add_arguments", "run"]

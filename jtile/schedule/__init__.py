@@ -20,3 +20,8 @@ from ._pipeline import stripe_pipeline as stripe_pipeline
 from ._schedule import Run as Run
 from ._schedule import Schedule as Schedule
 from ._schedule import schedule as schedule
+
+__all__ = [
+    "CPModel", "MemoryPlan", "Node", "PlannedBuffer", "Roofline", "Run", "Schedule", "Timeline", "schedule",
+    "seed_convs", "seed_convs_params", "seed_lstm", "seed_lstm_params", "stripe_pipeline",
+]

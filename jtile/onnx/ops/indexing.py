@@ -101,3 +101,6 @@ def cumsum(node, x, axis):
     if node.attr("exclusive", 0):
         y = y - x
     return m.flip(y, axis) if node.attr("reverse", 0) else y
+
+
+__all__ = ["scatter_nd", "scatter_elements", "gather_elements", "gather_nd", "trilu", "cumsum"]
