@@ -21,8 +21,8 @@
 //   weights (36x the size of the block they come from) never leave the cache.
 //
 // The transformed weights are not cached between calls (a pointer is no
-// identity for weight values). Scratch memory is kept per thread between
-// calls and grows to the largest layer seen.
+// identity for weight values). Scratch memory is taken per call from the
+// bounded cache of common.h and released when the call returns.
 //
 // Numerics: the transforms scale values by up to ~100 (B and A have entries
 // 4, 5 and 8), so float32 rounding errors are about 1e-5 relative to the
@@ -167,19 +167,10 @@ void for_segments(const Plan& p, int64_t b, F&& f) {
   }
 }
 
-// Per-thread buffers that grow and are kept between calls, so a call does not
-// pay for fresh pages. Tasks use 0 (T rows), 1 (zeros), 2 (V or a U chunk) and
-// 3 (M); the calling thread holds 4 (all of U) or 5 (all of V) while its tasks
-// run, on itself too.
-struct ThreadScratch {
-  Scratch buf[6];
-  int64_t cap[6] = {};
-  float* get(int i, int64_t count) {
-    if (cap[i] < count) buf[i] = make_scratch(count), cap[i] = count;
-    return buf[i].get();
-  }
-};
-thread_local ThreadScratch tls;
+// Buffers of one call (Workspace slots): tasks use 0 (T rows), 1 (zeros),
+// 2 (V or a U chunk) and 3 (M) of their worker; the calling thread holds 4
+// (all of U) or 5 (all of V) of worker 0 while the tasks run, on itself too.
+constexpr int kSlots = 6;
 
 // G g: three values -> six values (applied to columns, then to rows).
 inline void weight_1d(V a, V b, V c, V r[6]) {
@@ -432,15 +423,17 @@ ffi::Error ConvWinograd(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffe
   float* ys = y->typed_data();
   const int64_t zeros_size = s.w + W;
 
+  Workspace scratch(pool, kSlots);
+  auto zeros = [&](int worker) { return scratch.get(worker, 1, zeros_size, true); };
   if (p.by_block) {
     // Many tile blocks: transform all weights once, then each task runs one
     // block through input transform, GEMMs and output transform in cache.
-    WeightView u{tls.get(4, WeightView{nullptr, 0, s.c, p.panels}.size()), 0, s.c, p.panels};
+    WeightView u{scratch.get(0, 4, WeightView{nullptr, 0, s.c, p.panels}.size()), 0, s.c, p.panels};
     parallel_for(pool, p.panels, [&](int64_t q) { transform_weights(p, ws, 0, q, u); });
-    parallel_for(pool, p.blocks, [&](int64_t blk) {
-      float* v = tls.get(2, p.v_size());
-      transform_input(p, xs, blk, 0, s.c, v, tls.get(0, 6 * p.t_stride()), tls.get(1, zeros_size));
-      float* m = tls.get(3, p.m_size(p.panels));
+    parallel_for(pool, p.blocks, [&](int64_t blk, int worker) {
+      float* v = scratch.get(worker, 2, p.v_size());
+      transform_input(p, xs, blk, 0, s.c, v, scratch.get(worker, 0, 6 * p.t_stride()), zeros(worker));
+      float* m = scratch.get(worker, 3, p.m_size(p.panels));
       multiply(p, u, v, blk, m, false);
       transform_output(p, m, blk, 0, p.panels, bias, res, ep, ys);
     });
@@ -450,19 +443,19 @@ ffi::Error ConvWinograd(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffe
   // owns a group of output-channel panels and transforms their weights
   // kCin input channels at a time, so the transformed weights stay in cache.
   constexpr int64_t kGroup = 3, kCin = 64;
-  float* shared_v = tls.get(5, p.blocks * p.v_size());
+  float* shared_v = scratch.get(0, 5, p.blocks * p.v_size());
   const int64_t csplit = std::min(s.c, ceil_div(4 * workers, p.blocks)), cstep = ceil_div(s.c, csplit);
-  parallel_for(pool, p.blocks * csplit, [&](int64_t task) {
+  parallel_for(pool, p.blocks * csplit, [&](int64_t task, int worker) {
     const int64_t blk = task / csplit, c0 = std::min(s.c, task % csplit * cstep);
     transform_input(p, xs, blk, c0, std::min(s.c, c0 + cstep), shared_v + blk * p.v_size(),
-                    tls.get(0, 6 * p.t_stride()), tls.get(1, zeros_size));
+                    scratch.get(worker, 0, 6 * p.t_stride()), zeros(worker));
   });
-  parallel_for(pool, ceil_div(p.panels, kGroup), [&](int64_t task) {
+  parallel_for(pool, ceil_div(p.panels, kGroup), [&](int64_t task, int worker) {
     const int64_t q0 = task * kGroup, nq = std::min(kGroup, p.panels - q0);
-    float* m = tls.get(3, p.blocks * p.m_size(nq));
+    float* m = scratch.get(worker, 3, p.blocks * p.m_size(nq));
     for (int64_t c0 = 0; c0 < s.c; c0 += kCin) {
       WeightView u{nullptr, c0, std::min(kCin, s.c - c0), nq};
-      u.u = tls.get(2, u.size());
+      u.u = scratch.get(worker, 2, u.size());
       for (int64_t q = 0; q < nq; ++q) transform_weights(p, ws, q0, q, u);
       for (int64_t blk = 0; blk < p.blocks; ++blk)
         multiply(p, u, shared_v + blk * p.v_size(), blk, m + blk * p.m_size(nq), c0 > 0);
