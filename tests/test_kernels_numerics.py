@@ -150,9 +150,19 @@ def test_winograd_non_finite_weight_matches_xla(where):
 
 
 def _conv_f64(x, w, stride, padding, groups):
-    y = lax.conv_general_dilated(x.astype(np.float64), w.astype(np.float64), stride, padding,
-                                 dimension_numbers=("NCHW", "OIHW", "NCHW"), feature_group_count=groups)
-    return np.asarray(y)
+    """The convolution in numpy float64, tap by tap."""
+    x = np.pad(x.astype(np.float64), ((0, 0), (0, 0), *padding))
+    w = w.astype(np.float64)
+    (n, _, h, width), (o, cg, kh, kw) = x.shape, w.shape
+    og, oh, ow = o // groups, (h - kh) // stride[0] + 1, (width - kw) // stride[1] + 1
+    y = np.zeros((n, o, oh, ow))
+    for g in range(groups):
+        for i in range(kh):
+            for j in range(kw):
+                patch = x[:, g * cg:(g + 1) * cg, i:i + stride[0] * (oh - 1) + 1:stride[0],
+                          j:j + stride[1] * (ow - 1) + 1:stride[1]]
+                y[:, g * og:(g + 1) * og] += np.einsum("nchw,oc->nohw", patch, w[g * og:(g + 1) * og, :, i, j])
+    return y
 
 
 # (algorithm, x shape, w shape, stride, padding, groups): ResNet-18 and
