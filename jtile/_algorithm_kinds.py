@@ -188,7 +188,7 @@ def _dense_support(eqn, layer: Layer) -> str | None:
 
 def _dense_run(eqn, x, w, *bias, producers):
     transpose_w = dense_weight_axis(eqn) == 1
-    if not transpose_w and _is_matrix_transpose(producers.get(eqn.invars[1])):
+    if not transpose_w and _is_matrix_transpose(producers.get(eqn.invars[1]) if isinstance(eqn.invars[1], jcore.Var) else None):
         # x @ w.T: hand the kernel w itself; XLA cancels the two transposes.
         w, transpose_w = w.T, True
     rows = x.reshape(-1, x.shape[-1])

@@ -19,6 +19,8 @@ Three layers, as in equinox: `eval_jaxpr` (evaluate with rules),
 
 import contextlib
 import functools
+import hashlib
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -170,6 +172,24 @@ def eager_if_known(*values):
     (`is_known`), so that work on weights happens once at trace time instead of
     on every call."""
     return jax.ensure_compile_time_eval() if all(map(is_known, values)) else contextlib.nullcontext()
+
+
+_SHARED: "weakref.WeakValueDictionary[tuple, jax.Array]" = weakref.WeakValueDictionary()
+
+
+def shared(x):
+    """`x`, or an equal known array made earlier and still alive.
+
+    Folded and packed weights are computed again on every trace (one per input
+    shape); through `shared` every trace hands jax the same array objects, so
+    with hoisted constants (`JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=1`) all the
+    executables of a function share one copy of the weights.
+    """
+    if not isinstance(x, jax.Array) or not is_known(x) or x.nbytes < 1024:
+        return x
+    data = np.asarray(x)
+    key = (data.shape, data.dtype.str, hashlib.blake2b(data.tobytes(), digest_size=16).digest())
+    return _SHARED.setdefault(key, x)
 
 
 # ---------------------------------------------------------------- fn -> fn

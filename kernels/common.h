@@ -13,8 +13,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <sys/mman.h>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -123,39 +129,29 @@ inline V vload_strided(const float* p, int64_t stride) { JTILE_LANES(p[i * strid
 #endif
 
 // ---------------------------------------------------------------------------
-// Aligned scratch memory (64-byte aligned, zero-initialised).
+// parallel_for(pool, n, fn): call fn(i) (or fn(i, worker)) for i in [0, n) on
+// the calling thread (worker 0) and up to pool.num_threads() - 1 pool tasks
+// (workers 1, 2, ...; the pool has a thread per core and the calling thread
+// computes too, so no core is oversubscribed). No two calls with the same
+// worker run at once, so a worker may own buffers (see Workspace). Indices are
+// claimed from a shared counter, so the result is correct whether the pool
+// runs tasks concurrently, later, or inline inside Schedule. The caller waits
+// only for indices that were claimed; a task that starts after all work is
+// done touches nothing but the shared counters it co-owns.
 
-struct FreeDeleter { void operator()(float* p) const { std::free(p); } };
-using Scratch = std::unique_ptr<float[], FreeDeleter>;
-
-inline Scratch make_scratch(int64_t count) {
-  size_t bytes = ((size_t)std::max<int64_t>(count, 1) * sizeof(float) + 63) / 64 * 64;
-  float* p = static_cast<float*>(std::aligned_alloc(64, bytes));
-  if (p == nullptr) throw std::bad_alloc();
-  std::memset(p, 0, bytes);
-  return Scratch(p);
-}
-
-// ---------------------------------------------------------------------------
-// parallel_for(pool, n, fn): call fn(i) for i in [0, n) on the calling thread
-// and up to pool.num_threads() - 1 pool tasks (the pool has a thread per
-// core and the calling thread computes too, so no core is oversubscribed). Indices are claimed from a shared
-// counter, so the result is correct whether the pool runs tasks concurrently,
-// later, or inline inside Schedule. The caller waits only for indices that
-// were claimed; a task that starts after all work is done touches nothing but
-// the shared counters it co-owns.
+inline int workers(ffi::ThreadPool& pool) { return (int)std::max<int64_t>(1, pool.num_threads()); }
 
 namespace detail {
 struct ForState {
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
   int64_t n = 0;
-  void (*call)(void*, int64_t) = nullptr;
+  void (*call)(void*, int64_t, int) = nullptr;
   void* fn = nullptr;
 
-  void drain() {
+  void drain(int worker) {
     for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
-      call(fn, i);
+      call(fn, i, worker);
       done.fetch_add(1, std::memory_order_release);
     }
   }
@@ -165,20 +161,157 @@ struct ForState {
 template <typename F>
 void parallel_for(ffi::ThreadPool& pool, int64_t n, F&& fn) {
   if (n <= 0) return;
-  int64_t helpers = std::min<int64_t>(pool.num_threads() - 1, n - 1);
+  auto invoke = [&fn](int64_t i, int worker) {
+    if constexpr (std::is_invocable_v<F&, int64_t, int>) fn(i, worker);
+    else fn(i);
+  };
+  const int helpers = (int)std::min<int64_t>(workers(pool) - 1, n - 1);
   if (helpers <= 0) {
-    for (int64_t i = 0; i < n; ++i) fn(i);
+    for (int64_t i = 0; i < n; ++i) invoke(i, 0);
     return;
   }
-  using Fn = std::remove_reference_t<F>;
+  using Invoke = decltype(invoke);
   auto state = std::make_shared<detail::ForState>();
   state->n = n;
-  state->fn = const_cast<void*>(static_cast<const void*>(&fn));
-  state->call = [](void* f, int64_t i) { (*static_cast<Fn*>(f))(i); };
-  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([state] { state->drain(); });
-  state->drain();
+  state->fn = &invoke;
+  state->call = [](void* f, int64_t i, int worker) { (*static_cast<Invoke*>(f))(i, worker); };
+  for (int t = 1; t <= helpers; ++t) pool.Schedule([state, t] { state->drain(t); });
+  state->drain(0);
   while (state->done.load(std::memory_order_acquire) < n) std::this_thread::yield();
 }
+
+// ---------------------------------------------------------------------------
+// Scratch memory, taken per call and released when the call returns:
+// `make_scratch(count)` for one zeroed buffer, a `Workspace` for buffers owned
+// by the workers of parallel_for. Blocks come from a process-wide cache of
+// released blocks that keeps at most kScratchKeepBytes; a block released
+// beyond that goes back to the system at once (blocks of kMapBytes or more
+// are mmap'd, so that really shrinks the process). Memory held between calls
+// is thus bounded whatever the layer or batch, and small layers, whose blocks
+// stay cached, do not pay for fresh pages on every call. Under
+// AddressSanitizer nothing is cached and every block is malloc'd at its exact
+// size, so ASan sees each buffer's bounds.
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr size_t kScratchKeepBytes = 0;
+#else
+constexpr size_t kScratchKeepBytes = size_t(32) << 20;  // benchmarks/bench_memory.py says 32 MB
+#endif
+
+namespace detail {
+class BlockCache {
+ public:
+  static constexpr size_t kMapBytes = size_t(256) << 10;
+
+  // A 64-byte aligned block of at least `bytes`; *size is its size, *zero
+  // whether it is known to hold zeros (fresh pages).
+  void* acquire(size_t bytes, size_t* size, bool* zero) {
+    bytes = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      size_t best = free_.size();
+      for (size_t i = 0; i < free_.size(); ++i)  // the smallest block that fits, at most twice the size
+        if (free_[i].size >= bytes && free_[i].size <= 2 * bytes &&
+            (best == free_.size() || free_[i].size < free_[best].size))
+          best = i;
+      if (best != free_.size()) {
+        const Block b = free_[best];
+        free_[best] = free_.back();
+        free_.pop_back();
+        kept_ -= b.size;
+        *size = b.size, *zero = false;
+        return b.p;
+      }
+    }
+    void* p = nullptr;
+    if (bytes >= kMapBytes && kScratchKeepBytes > 0) {
+      bytes = (bytes + 4095) / 4096 * 4096;
+      p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) throw std::bad_alloc();
+      *zero = true;
+    } else {
+      p = std::aligned_alloc(64, bytes);
+      if (p == nullptr) throw std::bad_alloc();
+      *zero = false;
+    }
+    *size = bytes;
+    return p;
+  }
+
+  void release(void* p, size_t size) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (kept_ + size <= kScratchKeepBytes) {
+        free_.push_back(Block{p, size});
+        kept_ += size;
+        return;
+      }
+    }
+    if (size >= kMapBytes && kScratchKeepBytes > 0) munmap(p, size);
+    else std::free(p);
+  }
+
+ private:
+  struct Block { void* p; size_t size; };
+  std::mutex mutex_;
+  std::vector<Block> free_;
+  size_t kept_ = 0;
+};
+
+// Never destroyed: a pool thread may still release a block while the process exits.
+inline BlockCache& block_cache() {
+  static BlockCache* cache = new BlockCache;
+  return *cache;
+}
+}  // namespace detail
+
+// A float buffer from the cache, returned to it when destroyed.
+class Scratch {
+ public:
+  Scratch() = default;
+  Scratch(int64_t count, bool zero) {
+    const size_t bytes = (size_t)std::max<int64_t>(count, 1) * sizeof(float);
+    bool is_zero;
+    p_ = static_cast<float*>(detail::block_cache().acquire(bytes, &size_, &is_zero));
+    if (zero && !is_zero) std::memset(p_, 0, bytes);
+  }
+  Scratch(Scratch&& o) noexcept : p_(std::exchange(o.p_, nullptr)), size_(o.size_) {}
+  Scratch& operator=(Scratch&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(size_, o.size_);
+    return *this;
+  }
+  ~Scratch() { if (p_) detail::block_cache().release(p_, size_); }
+  float* get() const { return p_; }
+  float& operator[](int64_t i) const { return p_[i]; }
+  int64_t capacity() const { return p_ ? int64_t(size_ / sizeof(float)) : 0; }
+
+ private:
+  float* p_ = nullptr;
+  size_t size_ = 0;
+};
+
+// `count` zeroed floats (64-byte aligned) for the rest of the call.
+inline Scratch make_scratch(int64_t count) { return Scratch(count, true); }
+
+// Buffers of one kernel call: `slots` per worker of parallel_for, each grown
+// on demand (contents are kept while it does not grow) and all released when
+// the Workspace is destroyed.
+class Workspace {
+ public:
+  Workspace(ffi::ThreadPool& pool, int slots) : slots_(slots), bufs_((size_t)workers(pool) * slots) {}
+  // Room for `count` floats in buffer `slot` of `worker`, zeroed if `zero`.
+  float* get(int worker, int slot, int64_t count, bool zero = false) {
+    Scratch& b = bufs_[(size_t)worker * slots_ + slot];
+    if (b.capacity() < count) b = Scratch(count, zero);
+    else if (zero) std::memset(b.get(), 0, (size_t)count * sizeof(float));
+    return b.get();
+  }
+
+ private:
+  int slots_;
+  std::vector<Scratch> bufs_;
+};
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

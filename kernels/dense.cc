@@ -4,6 +4,8 @@
 // w once, in place. For (K, N): four rows of w at a time; tasks split K (so
 // each reads long contiguous runs of w) and N blocks, accumulate into per-task
 // partial rows, and a final pass sums the partials with bias and activation.
+// The K split depends on the shape only, never on the thread count, and the
+// partials are summed in a fixed order, so the bits are the same on any pool.
 // For (N, K): each output is a dot product of a contiguous row of w with x,
 // four rows at a time. Packed w (`packed`, as jtile.kernels.pack_gemm_weight
 // lays it out): the GEMM of gemm.h.
@@ -13,6 +15,7 @@ namespace jtile {
 namespace {
 
 constexpr int64_t GEMV_ACC_FLOATS = 4096;  // partial-sum floats per task (16 KB, L1)
+constexpr int64_t GEMV_TASKS = 8;          // tasks the K split aims for (enough for 4 cores twice)
 
 // acc[r][0:cols] += sum_{p in [k0, k1)} x[r][p] * w[p][0:cols] for r < m.
 void gemv_block(int64_t m, int64_t k, int64_t n, int64_t cols, int64_t k0, int64_t k1,
@@ -47,8 +50,7 @@ void gemv(ffi::ThreadPool& pool, int64_t m, int64_t k, int64_t n, const float* x
           const float* bias, const Epilogue& ep, float* y) {
   const int64_t block = std::max<int64_t>(W, GEMV_ACC_FLOATS / m / W * W);
   const int64_t nblocks = ceil_div(n, block);
-  const int64_t wanted = ceil_div(2 * (pool.num_threads() + 1), nblocks);
-  const int64_t kstep = std::max<int64_t>(64, ceil_div(k, std::max<int64_t>(1, wanted)));
+  const int64_t kstep = std::max<int64_t>(64, ceil_div(k, ceil_div(GEMV_TASKS, nblocks)));
   const int64_t kchunks = std::max<int64_t>(1, ceil_div(k, kstep));
   // partial[chunk][block] holds m rows of that block's columns.
   Scratch partial = make_scratch(kchunks * m * n);

@@ -3,7 +3,7 @@
 // stride, dilation and padding, NCHW input, OIHW weight (O, 1, KH, KW).
 //
 // Tasks run over (batch, input channel) planes: each plane is copied into a
-// thread-local buffer with its zero padding and its columns split into
+// per-worker buffer with its zero padding and its columns split into
 // `stride_w` phases (column i * stride_w + j goes to phase j, index i), so that
 // every tap of every output row is a contiguous, unit-stride vector load.
 // Outputs are accumulated three rows by up to four vectors of W columns at a
@@ -160,16 +160,6 @@ void output_plane(const Plan& p, const float* buf, const float* wo, float bias,
   else output_rows<false>(p, buf, wo, bias, ep, y);
 }
 
-struct PlaneBuffer {
-  Scratch buf;
-  int64_t cap = 0;
-  float* get(int64_t count) {
-    if (cap < count) buf = make_scratch(count), cap = count;
-    return buf.get();
-  }
-};
-thread_local PlaneBuffer tls;
-
 ffi::Error ConvDepthwise(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b,
                          ffi::Span<const int64_t> attr, int64_t act, float alpha, float lo,
                          float hi, F32Result y) {
@@ -197,8 +187,9 @@ ffi::Error ConvDepthwise(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buff
   // costs little next to computing it.
   const int64_t planes = s.n * s.c;
   const int64_t per_task = std::clamp<int64_t>(4096 / (p.mult * s.oh * s.ow), 1, ceil_div(planes, 8));
-  parallel_for(pool, ceil_div(planes, per_task), [&](int64_t task) {
-    float* buf = tls.get(p.plane_size());
+  Workspace scratch(pool, 1);
+  parallel_for(pool, ceil_div(planes, per_task), [&](int64_t task, int worker) {
+    float* buf = scratch.get(worker, 0, p.plane_size());
     for (int64_t nc = task * per_task; nc < std::min(planes, (task + 1) * per_task); ++nc) {
       const int64_t n = nc / s.c, c = nc % s.c;
       pad_plane(p, xs + nc * s.h * s.w, buf);

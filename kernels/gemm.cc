@@ -80,18 +80,6 @@ inline void micro_kernel(int64_t kc, const float* __restrict a, const float* __r
   if (t.rows == MR && t.cols == NR) store_tile<true>(acc, t); else store_tile<false>(acc, t);
 }
 
-// Per-thread buffer, grown on demand and reused across calls.
-template <int Slot>
-float* thread_buffer(int64_t count) {
-  thread_local Scratch buffer;
-  thread_local int64_t capacity = 0;
-  if (count > capacity) {
-    buffer = make_scratch(count);
-    capacity = count;
-  }
-  return buffer.get();
-}
-
 // How C is cut into tasks of up to MC_STRIPS x NC_STRIPS micro-tiles: the
 // cut with the shortest makespan on `workers` threads, counting a task's tiles
 // plus the B strips it packs (free when B is pre-packed).
@@ -171,11 +159,12 @@ void gemm(ffi::ThreadPool& pool, int64_t m, int64_t n, int64_t k, const Operand&
   const int64_t strips_m = ceil_div(m, MR), strips_n = ceil_div(n, NR);
   const int64_t kblocks = std::max<int64_t>(1, ceil_div(k, KC));
   // A strip s of K block starting at k0 (kc deep).
+  Workspace scratch(pool, 3);  // per worker: B strips, transposed C block; worker 0: packed A
   int64_t a_stride = 0;
   float* a_buffer = nullptr;
   const bool a_packed = a.packed(0, 0, &a_stride) != nullptr;
   if (!a_packed) {
-    a_buffer = thread_buffer<2>(strips_m * MR * k);
+    a_buffer = scratch.get(0, 2, strips_m * MR * k);
     parallel_for(pool, strips_m, [&](int64_t s) {
       for (int64_t k0 = 0; k0 < k; k0 += KC) {
         const int64_t kc = std::min(KC, k - k0);
@@ -193,7 +182,7 @@ void gemm(ffi::ThreadPool& pool, int64_t m, int64_t n, int64_t k, const Operand&
   int64_t unused;
   const Grid grid = plan_grid(strips_m, strips_n, std::max<int64_t>(1, pool.num_threads()),
                               b.packed(0, 0, &unused) != nullptr);
-  parallel_for(pool, grid.m_chunks * grid.n_blocks, [&](int64_t task) {
+  parallel_for(pool, grid.m_chunks * grid.n_blocks, [&](int64_t task, int worker) {
     const int64_t s0 = task % grid.m_chunks * grid.m_strips;
     const int64_t s1 = std::min(strips_m, s0 + grid.m_strips);
     const int64_t n0 = task / grid.m_chunks * grid.n_strips * NR;
@@ -201,14 +190,14 @@ void gemm(ffi::ThreadPool& pool, int64_t m, int64_t n, int64_t k, const Operand&
     const int64_t nc_strips = ceil_div(nc, NR);
     // Transposed output: accumulate here, rows (s - s0) * MR, columns j.
     const int64_t ldb = nc_strips * NR;
-    float* cbuf = out.transposed() ? thread_buffer<1>((s1 - s0) * MR * ldb) : nullptr;
+    float* cbuf = out.transposed() ? scratch.get(worker, 1, (s1 - s0) * MR * ldb) : nullptr;
     float* bbuf = nullptr;
     for (int64_t kb = 0; kb < kblocks; ++kb) {
       const int64_t k0 = kb * KC, kc = std::min(KC, k - k0);
       int64_t b_stride = kc * NR;
       const float* bp = b.packed(k0, n0, &b_stride);
       if (bp == nullptr) {
-        if (bbuf == nullptr) bbuf = thread_buffer<0>(KC * ldb);
+        if (bbuf == nullptr) bbuf = scratch.get(worker, 0, KC * ldb);
         b.pack(k0, kc, n0, nc, NR, bbuf);
         bp = bbuf;
       }

@@ -21,14 +21,20 @@
 //   weights (36x the size of the block they come from) never leave the cache.
 //
 // The transformed weights are not cached between calls (a pointer is no
-// identity for weight values). Scratch memory is kept per thread between
-// calls and grows to the largest layer seen.
+// identity for weight values). Scratch memory is taken per call from the
+// bounded cache of common.h and released when the call returns.
 //
 // Numerics: the transforms scale values by up to ~100 (B and A have entries
 // 4, 5 and 8), so float32 rounding errors are about 1e-5 relative to the
-// output's magnitude rather than to each element. A NaN or Inf in the input
-// spreads to every output of the tiles whose 6x6 window contains it (a
-// superset of the outputs the direct convolution makes non-finite).
+// output's magnitude rather than to each element (see jtile/kernels.py).
+// Non-finite values: a NaN or Inf anywhere in a tile's 6x6 input window (or
+// in the weights) makes some of the tile's transformed outputs non-finite, and
+// the transforms would spread it over the whole 4x4 tile. So the output
+// transform checks each tile of each output channel (one add per output, one
+// multiply per tile: the sum times zero is NaN exactly when a value is not
+// finite, or the sum overflowed) and recomputes a flagged tile directly, taps
+// over padding included, as lax.conv_general_dilated does: Inf, NaN and their
+// signs come out where XLA's convolution has them.
 #include "common.h"
 
 namespace jtile {
@@ -125,6 +131,7 @@ inline void store_interleaved4(const V o[4], float* p, int64_t count, const Epil
 
 struct Plan {
   ConvShape s;
+  const float *x, *w;             // input and weight, for the direct fallback
   int64_t th, tw, tiles;          // tile grid
   int64_t bs, blocks;             // blocks of bs <= kBlock tile slots
   int64_t panels;                 // output channels in panels of kMR
@@ -160,19 +167,10 @@ void for_segments(const Plan& p, int64_t b, F&& f) {
   }
 }
 
-// Per-thread buffers that grow and are kept between calls, so a call does not
-// pay for fresh pages. Tasks use 0 (T rows), 1 (zeros), 2 (V or a U chunk) and
-// 3 (M); the calling thread holds 4 (all of U) or 5 (all of V) while its tasks
-// run, on itself too.
-struct ThreadScratch {
-  Scratch buf[6];
-  int64_t cap[6] = {};
-  float* get(int i, int64_t count) {
-    if (cap[i] < count) buf[i] = make_scratch(count), cap[i] = count;
-    return buf[i].get();
-  }
-};
-thread_local ThreadScratch tls;
+// Buffers of one call (Workspace slots): tasks use 0 (T rows), 1 (zeros),
+// 2 (V or a U chunk) and 3 (M) of their worker; the calling thread holds 4
+// (all of U) or 5 (all of V) of worker 0 while the tasks run, on itself too.
+constexpr int kSlots = 6;
 
 // G g: three values -> six values (applied to columns, then to rows).
 inline void weight_1d(V a, V b, V c, V r[6]) {
@@ -339,6 +337,28 @@ void multiply(const Plan& p, const WeightView& u, const float* v, int64_t b, flo
   }
 }
 
+// The outputs of channel o in the 4x4 tile at (row0, col0) of image n, by the
+// direct definition (the fallback for tiles with non-finite values).
+void direct_tile(const Plan& p, int64_t n, int64_t o, int64_t row0, int64_t col0, float bias,
+                 const float* res, const Epilogue& ep, float* y) {
+  const ConvShape& s = p.s;
+  const float* wo = p.w + o * s.c * 9;
+  for (int64_t row = row0; row < std::min(row0 + 4, s.oh); ++row)
+    for (int64_t col = col0; col < std::min(col0 + 4, s.ow); ++col) {
+      float acc = 0.0f;
+      for (int64_t ci = 0; ci < s.c; ++ci)
+        for (int64_t ky = 0; ky < 3; ++ky)
+          for (int64_t kx = 0; kx < 3; ++kx) {
+            const int64_t iy = row - s.pt + ky, ix = col - s.pl + kx;
+            const bool inside = iy >= 0 && iy < s.h && ix >= 0 && ix < s.w;
+            const float v = inside ? p.x[((n * s.c + ci) * s.h + iy) * s.w + ix] : 0.0f;
+            acc += v * wo[(ci * 3 + ky) * 3 + kx];
+          }
+      const int64_t at = ((n * s.o + o) * s.oh + row) * s.ow + col;
+      y[at] = ep(acc + bias + (res ? res[at] : 0.0f));
+    }
+}
+
 // y = act(A^T M A + bias + res) for output channels [p0 kMR, p1 kMR) of block b
 // (res laid out as y, or null).
 void transform_output(const Plan& p, const float* m, int64_t b, int64_t p0, int64_t p1,
@@ -359,15 +379,20 @@ void transform_output(const Plan& p, const float* m, int64_t b, int64_t p0, int6
           for (int a = 0; a < 4; ++a) q[a][l] = out[a];
         }
         const int64_t col0 = 4 * (t0 + g), ncols = std::min(4 * std::min<int64_t>(W, count - g), s.ow - col0);
+        V sum = vzero();
         for (int a = 0; a < 4; ++a) {
           const int64_t row = 4 * r + a;
           if (row >= s.oh) break;
           V out[4];
           output_1d(q[a], out);
-          for (int j = 0; j < 4; ++j) out[j] = vadd(out[j], bo);
+          for (int j = 0; j < 4; ++j) sum = vadd(sum, out[j]), out[j] = vadd(out[j], bo);
           const int64_t at = ((n * s.o + o) * s.oh + row) * s.ow + col0;
           store_interleaved4(out, y + at, ncols, ep, res ? res + at : nullptr);
         }
+        alignas(64) float flags[W];
+        vstore(flags, vmul(sum, vzero()));
+        for (int64_t t = 0; t < std::min<int64_t>(W, count - g); ++t)
+          if (flags[t] != 0.0f) direct_tile(p, n, o, 4 * r, 4 * (t0 + g + t), bias[o], res, ep, y);
       }
     });
   }
@@ -393,19 +418,22 @@ ffi::Error ConvWinograd(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffe
   if (r.element_count() != 0 && r.element_count() != y->element_count())
     return ffi::Error::InvalidArgument("jtile winograd: the residual must be empty or have the output's shape");
   const float *xs = x.typed_data(), *ws = w.typed_data(), *bias = b.typed_data();
+  p.x = xs, p.w = ws;
   const float* res = r.element_count() ? r.typed_data() : nullptr;
   float* ys = y->typed_data();
   const int64_t zeros_size = s.w + W;
 
+  Workspace scratch(pool, kSlots);
+  auto zeros = [&](int worker) { return scratch.get(worker, 1, zeros_size, true); };
   if (p.by_block) {
     // Many tile blocks: transform all weights once, then each task runs one
     // block through input transform, GEMMs and output transform in cache.
-    WeightView u{tls.get(4, WeightView{nullptr, 0, s.c, p.panels}.size()), 0, s.c, p.panels};
+    WeightView u{scratch.get(0, 4, WeightView{nullptr, 0, s.c, p.panels}.size()), 0, s.c, p.panels};
     parallel_for(pool, p.panels, [&](int64_t q) { transform_weights(p, ws, 0, q, u); });
-    parallel_for(pool, p.blocks, [&](int64_t blk) {
-      float* v = tls.get(2, p.v_size());
-      transform_input(p, xs, blk, 0, s.c, v, tls.get(0, 6 * p.t_stride()), tls.get(1, zeros_size));
-      float* m = tls.get(3, p.m_size(p.panels));
+    parallel_for(pool, p.blocks, [&](int64_t blk, int worker) {
+      float* v = scratch.get(worker, 2, p.v_size());
+      transform_input(p, xs, blk, 0, s.c, v, scratch.get(worker, 0, 6 * p.t_stride()), zeros(worker));
+      float* m = scratch.get(worker, 3, p.m_size(p.panels));
       multiply(p, u, v, blk, m, false);
       transform_output(p, m, blk, 0, p.panels, bias, res, ep, ys);
     });
@@ -415,19 +443,19 @@ ffi::Error ConvWinograd(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffe
   // owns a group of output-channel panels and transforms their weights
   // kCin input channels at a time, so the transformed weights stay in cache.
   constexpr int64_t kGroup = 3, kCin = 64;
-  float* shared_v = tls.get(5, p.blocks * p.v_size());
+  float* shared_v = scratch.get(0, 5, p.blocks * p.v_size());
   const int64_t csplit = std::min(s.c, ceil_div(4 * workers, p.blocks)), cstep = ceil_div(s.c, csplit);
-  parallel_for(pool, p.blocks * csplit, [&](int64_t task) {
+  parallel_for(pool, p.blocks * csplit, [&](int64_t task, int worker) {
     const int64_t blk = task / csplit, c0 = std::min(s.c, task % csplit * cstep);
     transform_input(p, xs, blk, c0, std::min(s.c, c0 + cstep), shared_v + blk * p.v_size(),
-                    tls.get(0, 6 * p.t_stride()), tls.get(1, zeros_size));
+                    scratch.get(worker, 0, 6 * p.t_stride()), zeros(worker));
   });
-  parallel_for(pool, ceil_div(p.panels, kGroup), [&](int64_t task) {
+  parallel_for(pool, ceil_div(p.panels, kGroup), [&](int64_t task, int worker) {
     const int64_t q0 = task * kGroup, nq = std::min(kGroup, p.panels - q0);
-    float* m = tls.get(3, p.blocks * p.m_size(nq));
+    float* m = scratch.get(worker, 3, p.blocks * p.m_size(nq));
     for (int64_t c0 = 0; c0 < s.c; c0 += kCin) {
       WeightView u{nullptr, c0, std::min(kCin, s.c - c0), nq};
-      u.u = tls.get(2, u.size());
+      u.u = scratch.get(worker, 2, u.size());
       for (int64_t q = 0; q < nq; ++q) transform_weights(p, ws, q0, q, u);
       for (int64_t blk = 0; blk < p.blocks; ++blk)
         multiply(p, u, shared_v + blk * p.v_size(), blk, m + blk * p.m_size(nq), c0 > 0);

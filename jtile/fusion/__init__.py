@@ -143,6 +143,16 @@ def fold_params(fn: Callable | None = None, params: Any = _UNSET, *,
     holds the folded weights as constants. `fold_constants` is always applied.
     `params` is data, so it may come positionally: `fold_params(fn, params)`,
     or `@fold_params(params=params)` as a decorator.
+    Every trace of `g` (one per input shape) holds the same folded arrays.
+
+    !!! warning
+
+        Under jax's default constant handling, `jax.jit` embeds those
+        constants in each compiled executable, so every input shape pays for
+        its own copy of the weights (ResNet-18: ~40-80 MB a shape). With
+        `JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=1` jax passes them to the
+        executables as arguments instead, shared by all shapes (~8 MB a
+        shape; benchmarks/bench_memory.py).
     """
     reject_unknown("fold_params", unknown, ("params", "recipes"))
     chosen = _check_recipes((*_check_recipes(recipes), "fold_constants"))

@@ -24,7 +24,7 @@ import numpy as np
 from jax.extend.core import Literal
 
 from .._graph import Graph
-from .._interpreter import CONTROL_FLOW, bind, is_known
+from .._interpreter import CONTROL_FLOW, bind, is_known, shared
 
 
 def _fold_rule(max_growth: float, eqn, *invals):
@@ -33,7 +33,7 @@ def _fold_rule(max_growth: float, eqn, *invals):
     small = out_size <= max(4096, max_growth * in_size)
     if small and all(map(is_known, invals)) and not eqn.effects:
         with jax.ensure_compile_time_eval():
-            out = bind(eqn, *invals)
+            out = [shared(x) for x in bind(eqn, *invals)]
     else:
         out = bind(eqn, *invals)
     return out if eqn.primitive.multiple_results else out[0]
