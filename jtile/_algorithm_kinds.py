@@ -19,14 +19,15 @@ machine, and keeps XLA everywhere else, including every non-float32 layer.
 
 import math
 
+import jax.extend.core as jcore
 import jax.numpy as jnp
 import numpy as np
 
 from ._errors import ConfigError
 from ._fused import activate
+from ._geometry import ConvGeometry, PoolGeometry
 from ._graph import Graph
 from ._interpreter import eager_if_known
-from ._geometry import ConvGeometry, PoolGeometry
 from ._layers import Layer, dense_weight_axis, scope_name
 from ._regions import pool_axes
 

@@ -155,6 +155,15 @@ class LayerGroup:
 
     @property
     def kind(self) -> str:
+        """The `jtile.Layer` kind of the layer's known op (`conv2d`, `dense`,
+        `maxpool2d`, ...), else its `category`."""
+        for op in self.ops:
+            if op.layer() is not None:
+                return op.kind
+        return self.category
+
+    @property
+    def category(self) -> str:
         """The layer's main category: conv, dense, pool, norm, activation,
         elementwise, or layout."""
         return next((k for k in _KIND_ORDER if self.macs.get(k)), "layout")
@@ -178,7 +187,7 @@ class LayerGroup:
                 return dataclasses.replace(described, name=self.name, index=index)
         first = self.outputs[0] if self.outputs else self.ops[-1].outs[0]
         return Layer(
-            kind=self.kind,
+            kind=self.category,
             name=self.name,
             primitive=max(self.ops, key=lambda op: sum(op.macs.values())).primitive,
             in_shapes=tuple(v.shape for v in self.inputs if v.data),

@@ -19,6 +19,7 @@ Three layers, as in equinox: `eval_jaxpr` (evaluate with rules),
 
 import contextlib
 import functools
+import gc
 import hashlib
 import weakref
 from collections.abc import Callable, Mapping
@@ -162,6 +163,19 @@ def inline(closed: jcore.ClosedJaxpr) -> jcore.ClosedJaxpr:
     return rewrite(closed, {})
 
 
+@contextlib.contextmanager
+def gc_paused():
+    """Tracing makes many small objects; the collector's full passes over a large
+    heap (jax, a loaded ONNX model) cost as much as the tracing itself."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def is_known(x) -> bool:
     """Whether `x` has a value now (a constant, a folded param), not a tracer."""
     return not isinstance(x, jax.core.Tracer)
@@ -239,7 +253,8 @@ class Traced:
             return flat
 
         try:
-            self.jaxpr = inline(jax.make_jaxpr(flat_fn)(*dynamic))
+            with gc_paused():
+                self.jaxpr = inline(jax.make_jaxpr(flat_fn)(*dynamic))
         except TypeError as e:
             if "is not a valid JAX type" in str(e):
                 raise ConfigError(

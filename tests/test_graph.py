@@ -65,7 +65,7 @@ def test_layers_group_ops_by_scope():
     names = [layer.name for layer in layers]
     assert len(names) == len(set(names))
     assert sum(len(layer.ops) for layer in layers) == len(g.ops)
-    convs = [layer for layer in layers if layer.kind == "conv"]
+    convs = [layer for layer in layers if layer.category == "conv"]
     assert len(convs) == 20
     assert convs[0].layer(0).kernel_size == (7, 7)
     assert sum(sum(op.macs.values()) for op in g.ops) == sum(sum(l.macs.values()) for l in layers)

@@ -155,7 +155,7 @@ def test_schedule_of_a_zoo_model_has_every_field():
     names = [n.name for n in s.nodes]
     assert s.order == names  # program order
     assert names[0] == "args[0]" and s.nodes[0].kind == "input"
-    conv = next(n for n in s.nodes if n.kind == "conv")
+    conv = next(n for n in s.nodes if n.kind == "conv2d")
     assert conv.macs["conv"] > 0 and conv.out_bytes > 0 and conv.inputs
     assert set(s.early) == set(names) == set(s.late)
     assert s.critical_path == [n for n in s.order if s.early[n] == s.late[n]]

@@ -87,7 +87,7 @@ class LineByLine(CPModel):
 
 def aidge_names(text: str) -> str:
     text = text.replace("args[1] (input#0)", "dataProvider (Producer#0)")
-    return re.sub(r"\(conv#(\d)\)", r"(Conv2D_DF#\1)", text)
+    return re.sub(r"\(conv2d#(\d)\)", r"(Conv2D_DF#\1)", text)
 
 
 @pytest.fixture
@@ -303,7 +303,7 @@ def test_sequential_net_steps_match_aidges():
     lines = s.to_mermaid().splitlines()[5:-1]
     ours = [re.sub(r" \(\w+#\d+\)", "", line) for line in lines]
     assert ours == [re.sub(r" \(\w+#\d+\)", "", line) for line in AIDGE_SEQ.splitlines()]
-    assert lines[0] == "conv1 (conv#0) :milestone, 1, 1"
+    assert lines[0] == "conv1 (conv2d#0) :milestone, 1, 1"
 
 
 def test_tiled_conv_schedule_has_aidges_shape():

@@ -126,7 +126,7 @@ def _cost(row: LayerGroup, index: int, graph: Graph, types: dict[str, str]) -> L
     owned = row.params
     return LayerCost(
         name=row.name,
-        kind=row.kind,
+        kind=row.category,
         type=types.get(row.name, ",".join(row.op_names)),
         ops=tuple(row.op_names),
         output_shapes=tuple(tuple(v.aval.shape) for v in row.outputs),

@@ -13,9 +13,7 @@ node by node (threads over parallel groups) or returns a reordered function.
     each node once, whole, in the order of the nodes' first runs.
 """
 
-import contextlib
 import dataclasses
-import gc
 import math
 from collections import Counter
 from collections.abc import Callable
@@ -24,6 +22,7 @@ import jax
 
 from .._errors import ConfigError
 from .._graph import Graph, graph
+from .._interpreter import gc_paused
 from ._build import GRANULARITIES, Built, build
 from ._cp import CPModel, factorize, simulate
 from ._dag import Dag, Node
@@ -192,19 +191,6 @@ class Schedule:
         return scheduled
 
 
-@contextlib.contextmanager
-def _gc_paused():
-    """Tracing makes many small objects; the collector's full passes over a large
-    heap (jax, a loaded ONNX model) cost as much as the tracing itself."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def _models(dag: Dag, cp) -> dict[int, CPModel]:
     if callable(cp) and not isinstance(cp, dict):
         return {i: m for i, node in enumerate(dag.nodes) if (m := cp(node)) is not None}
@@ -237,7 +223,7 @@ def schedule(fn, *args, policy: str = "program", granularity: str = "layer",
     if granularity not in GRANULARITIES:
         raise ConfigError(f"schedule: unknown granularity {granularity!r}; valid granularities are "
                           f"{', '.join(GRANULARITIES)}")
-    with _gc_paused():
+    with gc_paused():
         g = graph(fn, *args)
         built = build(g, granularity, fn)
     if cp is not None:
