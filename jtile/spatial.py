@@ -13,11 +13,12 @@ stitched outputs.
 - `mode="unroll"`: one explicit subgraph per tile: slices of the input,
   per-tile ops whose padding stays on the border sides of border tiles only,
   then concatenation. Readable, as Aidge draws it.
-- `mode="loop"`: every tile has one shape. Inputs are padded once; an op
-  reads its operand through a mask that puts the op's padding value wherever
-  the untiled net had padding; the tiles run in a `lax.fori_loop` writing
-  with `dynamic_update_slice`, so the program and its live memory do not grow
-  with the tile count. With `mesh=`, the tile axis is sharded over the mesh
+- `mode="loop"`: every tile has one shape. A tile reads the block's inputs
+  through a zero-filling gather (a padded copy's values, without the copy);
+  an op reads its operand through a mask that puts the op's padding value
+  wherever the untiled net had padding and runs unpadded; the tiles run in a
+  `lax.fori_loop` writing with `dynamic_update_slice`, so the program and its
+  live memory do not grow with the tile count. With `mesh=`, the tile axis is sharded over the mesh
   with `shard_map` (DeepThings' fused tile partitioning): each device
   computes its tiles without communicating, and the tiles are gathered once.
 
@@ -102,6 +103,8 @@ def _until_end(g: Graph, until, start: int) -> int | None:
         return None
     if isinstance(until, str):
         hits = [op.index for op in g.ops if _matches(op.scope, until)]
+        hits += [op.index for layer in g.layers() if layer.name == until for op in layer.ops]
+        hits.sort()
         if not hits:
             names = sorted({n for op in g.ops for n in _scope_names(op.scope) if n} | {l.name for l in g.layers()})
             near = difflib.get_close_matches(until, names, n=5, cutoff=0.5)

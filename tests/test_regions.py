@@ -1,8 +1,15 @@
 import hypothesis.strategies as st
+import jax
+import jax.extend.core as jcore
+import jax.numpy as jnp
 import numpy as np
-from hypothesis import given
+import pytest
+from hypothesis import assume, given, settings
+from jax import lax
 
-from jtile._regions import SlidingWindow, Window, split
+from jtile._fused import conv_bias_act
+from jtile._regions import SlidingWindow, Stop, Window, hull, split
+from jtile._registry import facet
 
 
 @given(st.integers(1, 50), st.integers(1, 50))
@@ -38,16 +45,6 @@ def test_input_region_reproduces_padded_window(size, window, stride, pad_lo, pad
 
 # ---------------------------------------------------------------- region rules (tile_spatial)
 
-import jax
-import jax.extend.core as jcore
-import jax.numpy as jnp
-import pytest
-from hypothesis import assume, settings
-from jax import lax
-
-from jtile._fused import conv_bias_act
-from jtile._regions import Stop, hull
-from jtile._registry import facet
 
 _SETTINGS = settings(max_examples=6, deadline=None)
 

@@ -210,7 +210,7 @@ def _chain_params(layers, key):
     return params
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(chain=_chains())
 def test_random_chains_tile_exactly_and_read_their_brute_force_receptive_field(chain):
     size, layers, rows, cols = chain
@@ -251,7 +251,8 @@ def test_a_net_without_a_stop_is_tiled_whole(getkey):
     _assert_tiled_close(eqx.filter_jit(jtile.tile_spatial(lambda m, x: m(x), grid=(2, 2)))(model, x), model(x))
 
 
-@pytest.mark.parametrize("name, last", [("resnet18", "layer4"), ("mobilenet_v2", "features.18")])
+@pytest.mark.parametrize("name, last", [
+    pytest.param("resnet18", "layer4", marks=pytest.mark.slow), ("mobilenet_v2", "features.18")])
 def test_zoo_models_tile_exactly_up_to_their_flatten(getkey, name, last):
     model = jtile.models.get(name, getkey())
     x = jax.random.normal(getkey(), (1, 3, 64, 64))
