@@ -116,8 +116,8 @@ def test_tile_spatial_memory_macs_time(benchmark, model, stage, size, grid):
         expected = np.asarray(untiled(*args))
         scale = max(1.0, float(np.abs(expected).max()))
         got = np.asarray(run(*args))
-        # Looped tiles round differently from the untiled net (XLA fuses the masked
-        # tile's elementwise ops in another order): a few ulp per layer.
+        # XLA's CPU backend sums a conv inside a loop body in another order than at
+        # top level: looped tiles differ by a few ulp per conv.
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * scale)
         unrolled = jtile.tile_spatial(fn, grid=(grid, grid), until=stage, mode="unroll")
         row = dict(xla=xla_peak(tiled, *args), graph=live_peak(Graph.of(make_jaxpr(tiled, *args))),
