@@ -209,7 +209,7 @@ def test_arg_reductions_match_reference(op, select_last):
 def test_resize_imports_as_one_fused_op_with_a_layer_and_macs():
     from jtile._interpreter import iter_eqns, make_jaxpr
     from jtile._layers import describe
-    from jtile.analysis._macs import eqn_macs
+    from jtile._macs import eqn_macs
 
     x = np.random.default_rng(11).standard_normal((1, 3, 4, 5)).astype(np.float32)
     sizes = np.asarray([1, 3, 8, 10], np.int64)

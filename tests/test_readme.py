@@ -7,6 +7,8 @@ README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
 
 def _python_blocks() -> list[str]:
+    """The ```python blocks; ```py blocks are shown, not run (the multi-host
+    recipe needs several processes: tests/test_sharding.py runs that one)."""
     return re.findall(r"^```python\n(.*?)^```$", README.read_text(), re.M | re.S)
 
 
