@@ -122,6 +122,16 @@ def test_scatter_nd_matches_reference(reduction, seed):
     _check(_node_model("ScatterND", inputs, reduction=reduction), inputs)
 
 
+@pytest.mark.parametrize("k", [1, 2])
+def test_scatter_nd_with_static_indices_into_runtime_data_matches_reference(k):
+    rng = np.random.default_rng(12)
+    data = _normal(rng, (4, 3, 5))
+    indices = np.array([[3, 1], [-4, 0], [2, 2]], np.int64)[:, :k]
+    updates = _normal(rng, (3, *data.shape[k:]))
+    static = {"indices": indices, "updates": updates}
+    _check(_node_model("ScatterND", {"data": data}, static=static), {"data": data})
+
+
 def test_scatter_nd_folds_static_operands():
     data = np.zeros((3, 4), np.float32)
     static = {"indices": np.array([[1], [-1]], np.int64), "updates": np.ones((2, 4), np.float32)}

@@ -137,6 +137,9 @@ class OnnxModel:
         self._steps = steps
         static = _static_values(steps)
         initializers = {t.name: t for t in graph.initializer}
+        # integer and bool initializers (indices, shapes) are never weights: keep them static so index
+        # arithmetic folds and ScatterND / Gather see known indices
+        static |= {k for k, t in initializers.items() if _proto.is_integral(t.data_type)}
         self._constants = {k: _proto.to_array(t, "initializer") for k, t in initializers.items() if k in static}
         self.params: dict[str, jax.Array] = {  # device_put: jnp.asarray would compile a convert per shape
             k: jax.device_put(_proto.to_array(t, "initializer", copy=False))

@@ -118,6 +118,11 @@ def np_dtype(elem_type: int, where: str) -> np.dtype:
     return dtype
 
 
+def is_integral(elem_type: int) -> bool:
+    """Whether an ONNX `TensorProto.DataType` is an integer or bool type."""
+    return dtype_name(elem_type) in ("BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64")
+
+
 def require_x64(dtype: np.dtype, where: str) -> None:
     """Raise if `dtype` is float64 and JAX would silently compute it in float32."""
     if np.dtype(dtype) == np.float64 and not jax.config.jax_enable_x64:

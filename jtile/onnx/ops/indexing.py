@@ -1,6 +1,8 @@
 """Indexed reads and writes: ScatterND, ScatterElements, GatherND, GatherElements, Trilu, CumSum.
 
-Negative indices count from the end of their axis. Writes with `reduction`
+Negative indices count from the end of their axis. A ScatterND with static
+indices into run-time data is a `take` from data and updates stacked (it
+exports as a Gather). Writes with `reduction`
 (`add`, `mul`, `max`, `min`) combine duplicates; with `none`, duplicate
 indices leave one of the updates (ONNX leaves the choice open). Everything
 folds to numpy when the inputs are static.
@@ -43,7 +45,21 @@ def scatter_nd(node, data, indices, updates):
                         f"disagree (updates should have shape {want})")
     m = xp(indices)
     index = tuple(_positive(m, indices[..., i], np.shape(data)[i]) for i in range(k))
+    if m is np and xp(data, updates) is not np and node.attr("reduction", "none") == "none":
+        return _overwrite(data, index, updates, k)
     return _scatter(node, data, index, updates)
+
+
+def _overwrite(data, index, updates, k):
+    """`data` with `updates` written at static `index`, as one `take` from data and updates
+    stacked (a gather, which exports as an ONNX Gather; a scatter does not)."""
+    lead, rest = np.shape(data)[:k], np.shape(data)[k:]
+    size = int(np.prod(lead, dtype=np.int64))
+    written = np.ravel_multi_index(index, lead).reshape(-1) if k else np.zeros(1, np.int64)
+    source = np.arange(size)
+    source[written] = size + np.arange(written.size)  # the last update of a position wins
+    stacked = jnp.concatenate([jnp.reshape(data, (size, *rest)), jnp.reshape(updates, (written.size, *rest))])
+    return jnp.take(stacked, source, axis=0).reshape(np.shape(data))
 
 
 def _element_index(node, data, indices):
