@@ -14,44 +14,73 @@ the table of an earlier run again.
 
 import datetime
 import json
+import math
 import platform
 import sys
 from pathlib import Path
 
 OTHERS = ("jax", "ort", "torch")
-_LABELS = {"jax": "jax.jit", "ort": "ORT", "torch": "torch"}
+_LABELS = {"jax": "jax.jit", "ort": "ORT", "torch": "torch", "openvino": "OpenVINO",
+           "torch_compile": "t.compile", "best": "best peer"}
+BEST = "best"  # the per-case faster of the `best_of` backends, a column of its own
 
 
-def ratios(results: dict) -> dict[str, dict[str, float]]:
+def with_best(results: dict, best_of: tuple[str, ...]) -> dict:
+    """`results` with a `"best"` backend per case: the fastest (min) of `best_of` timed there."""
+    out = {}
+    for case, times in results.items():
+        timed = [times[b] for b in best_of if b in times]
+        out[case] = dict(times, **({BEST: min(timed, key=lambda t: t["min"])} if timed else {}))
+    return out
+
+
+def ratios(results: dict, others: tuple[str, ...] = OTHERS) -> dict[str, dict[str, float]]:
     """`{case: {other backend: time(other) / time(jtile)}}` where both were timed."""
     table = {}
     for case, times in results.items():
         if "jtile" in times:
             mine = times["jtile"]["min"]
-            table[case] = {b: times[b]["min"] / mine for b in OTHERS if b in times}
+            table[case] = {b: times[b]["min"] / mine for b in others if b in times}
     return table
 
 
-def table(results: dict) -> str:
-    """The ratio table, one row per case, times in milliseconds."""
-    head = f"{'case':<28}" + "".join(f"{b + ' ms':>11}" for b in ("jtile", *OTHERS))
-    head += "".join(f"{'vs ' + _LABELS[b]:>11}" for b in OTHERS)
+def geomeans(results: dict, others: tuple[str, ...] = OTHERS) -> dict[str, float]:
+    """The geometric mean of each backend's ratio over the cases that timed it."""
+    speedups = ratios(results, others)
+    means = {}
+    for b in others:
+        logs = [math.log(r[b]) for r in speedups.values() if b in r]
+        if logs:
+            means[b] = math.exp(sum(logs) / len(logs))
+    return means
+
+
+def table(results: dict, others: tuple[str, ...] = OTHERS) -> str:
+    """The ratio table, one row per case, times in milliseconds; geometric means last."""
+    w = max(11, 2 + max(len(f"vs {_LABELS[b]}") for b in others), 2 + max(len(f"{b} ms") for b in others))
+    head = f"{'case':<28}" + "".join(f"{b + ' ms':>{w}}" for b in ("jtile", *others))
+    head += "".join(f"{'vs ' + _LABELS[b]:>{w}}" for b in others)
     lines = [head, "-" * len(head)]
-    speedups = ratios(results)
+    speedups = ratios(results, others)
     for case, times in results.items():
         row = f"{case:<28}"
         row += "".join(
-            f"{times[b]['min'] * 1e3:>11.3f}" if b in times else f"{'-':>11}" for b in ("jtile", *OTHERS)
+            f"{times[b]['min'] * 1e3:>{w}.3f}" if b in times else f"{'-':>{w}}" for b in ("jtile", *others)
         )
         row += "".join(
-            f"{speedups[case][b]:>10.2f}x" if b in speedups.get(case, {}) else f"{'-':>11}"
-            for b in OTHERS
+            f"{speedups[case][b]:>{w - 1}.2f}x" if b in speedups.get(case, {}) else f"{'-':>{w}}"
+            for b in others
         )
         lines.append(row)
+    if len(results) > 1:
+        means = geomeans(results, others)
+        row = f"{'geometric mean':<28}" + " " * w * (1 + len(others))
+        row += "".join(f"{means[b]:>{w - 1}.2f}x" if b in means else f"{'-':>{w}}" for b in others)
+        lines += ["-" * len(head), row]
     return "\n".join(lines)
 
 
-def _chart(results: dict, path: Path) -> str:
+def _chart(results: dict, path: Path, others: tuple[str, ...] = OTHERS) -> str:
     try:
         import matplotlib
 
@@ -59,12 +88,12 @@ def _chart(results: dict, path: Path) -> str:
         import matplotlib.pyplot as plt
     except ImportError:
         return "no chart: matplotlib is not installed (pip install '.[bench]')"
-    speedups = ratios(results)
+    speedups = ratios(results, others)
     cases = list(speedups)
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(cases)), 4.5))
-    width = 0.8 / len(OTHERS)
-    for i, other in enumerate(OTHERS):
-        xs = [c + (i - 1) * width for c in range(len(cases))]
+    width = 0.8 / len(others)
+    for i, other in enumerate(others):
+        xs = [c + (i - (len(others) - 1) / 2) * width for c in range(len(cases))]
         ax.bar(xs, [speedups[c].get(other, 0.0) for c in cases], width, label=f"vs {_LABELS[other]}")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_yscale("log")
@@ -77,17 +106,27 @@ def _chart(results: dict, path: Path) -> str:
     return f"chart: {path}"
 
 
-def write(results: dict, directory: Path) -> str:
-    """Write JSON and chart for `results` into `directory`; return the table and file names."""
+def write(results: dict, directory: Path, *, others: tuple[str, ...] = OTHERS, prefix: str = "bench",
+          meta: dict | None = None, best_of: tuple[str, ...] = ()) -> str:
+    """Write JSON and chart for `results` into `directory`; return the table and file names.
+
+    `best_of` adds a `best` column, the faster of those backends per case;
+    `meta` is stored beside the machine description.
+    """
     directory.mkdir(parents=True, exist_ok=True)
+    if best_of:
+        results, others = with_best(results, best_of), (*others, BEST)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    base = directory / f"bench-{stamp}"
-    meta = {"utc": stamp, "machine": platform.machine(), "python": platform.python_version()}
-    payload = {"meta": meta, "results": results, "ratios": ratios(results)}
+    base = directory / f"{prefix}-{stamp}"
+    meta = {"utc": stamp, "machine": platform.machine(), "python": platform.python_version(),
+            "others": others, **(meta or {})}
+    payload = {"meta": meta, "results": results, "ratios": ratios(results, others),
+               "geomeans": geomeans(results, others)}
     base.with_suffix(".json").write_text(json.dumps(payload, indent=2))
-    chart = _chart(results, base.with_suffix(".png"))
-    return "\n".join(["", table(results), "", f"json: {base.with_suffix('.json')}", chart])
+    chart = _chart(results, base.with_suffix(".png"), others)
+    return "\n".join(["", table(results, others), "", f"json: {base.with_suffix('.json')}", chart])
 
 
 if __name__ == "__main__":
-    print(table(json.loads(Path(sys.argv[1]).read_text())["results"]))
+    payload = json.loads(Path(sys.argv[1]).read_text())
+    print(table(payload["results"], tuple(payload["meta"].get("others", OTHERS))))
