@@ -8,7 +8,7 @@ output buffers, does not count). Variants, side by side:
 
 - `jit`: `jax.jit(lambda m, x: m(x))(model, x)`, the weights passed as arguments;
 - `fold`: `jax.jit(fold_params(lambda m, x: m(x), model))(x)`;
-- `swap`: `jax.jit(swap_backend(fold_params(...), "auto"))(x)`, the C kernels;
+- `swap`: `jax.jit(swap_backend(fold_params(...), algorithms="auto"))(x)`, the C kernels;
 
 `fold` and `swap` each under jax's default constant handling (closed-over
 constants embedded in every executable) and with
@@ -89,7 +89,7 @@ if variant == "jit":
     run = lambda x: plain(model, x)
 else:
     folded = fold_params(lambda m, x: m(x), model)
-    run = jax.jit(jtile.swap_backend(folded, "auto") if variant == "swap" else folded)
+    run = jax.jit(jtile.swap_backend(folded, algorithms="auto") if variant == "swap" else folded)
 x = lambda batch: jax.random.normal(jax.random.key(1), (batch, 3, 224, 224))
 rss = []
 for batch in (6, 5, 4, 3, 2, 1):

@@ -9,7 +9,7 @@ Each transform row is `rewrite`: tracing the rewritten function to a jaxpr
 `trace` is the untouched function's own trace, for scale. Transforms:
 `tile_conv(axis="H", tiles=4)`, `fuse`, `split_gemm(max_m=64, max_k=64,
 max_n=64)` (auto emission: looped above 64 tiles per product),
-`swap_backend("auto")` on `fold_params` (the fast pattern), and `fold_params`.
+`swap_backend(algorithms="auto")` on `fold_params` (the fast pattern), and `fold_params`.
 
 Targets (issue 13): every rewrite of ResNet-50 under 1 s excluding XLA
 compilation; ONNX load of ViT-B/16 under 5 s. The table printed at the end

@@ -257,7 +257,7 @@ def run_for_determinism(which: str) -> dict[str, np.ndarray]:
     from jtile.fusion import fold_params
 
     model = jtile.models.get("resnet18", jax.random.key(0))
-    fast = jax.jit(jtile.swap_backend(fold_params(lambda m, x: m(x), model), "auto"))
+    fast = jax.jit(jtile.swap_backend(fold_params(lambda m, x: m(x), model), algorithms="auto"))
     x = jax.random.normal(jax.random.key(1), (1, 3, 224, 224))
     assert eqx.is_array(x)
     return {"resnet18": np.asarray(fast(x))}
