@@ -10,14 +10,16 @@ output buffers, does not count). Variants, side by side:
 - `fold`: `jax.jit(fold_params(lambda m, x: m(x), model))(x)`;
 - `swap`: `jax.jit(swap_backend(fold_params(...), algorithms="auto"))(x)`, the C kernels;
 
-`fold` and `swap` each under jax's default constant handling (closed-over
-constants embedded in every executable) and with
-`JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=1` (`hoisted`: passed as arguments).
+`fold` and `swap` each compiled by `jax.jit` (closed-over constants embedded
+in every executable) and by `jtile.jit` (`hoisted`: passed as arguments).
 
 Per extra shape: the model runs at batch 6, 5, ..., 1 (one compile each,
 largest first so that later shapes need no larger activation buffers); the
 figure is the median RSS growth of the last four (the second shape still
-pays for some first-time work). Target: under 10 MB for the hoisted variants.
+pays for some first-time work). Target: under 10 MB for the fast pattern,
+`jtile.jit(swap_backend(fold_params(...)))`. `jtile.jit` keeps the weights of
+convs XLA runs itself embedded (XLA lays them out at compile time), so
+hoisted `fold` stays close to `fold`.
 RSS moves by a few MB from run to run (plain `jit` measured 10.6 to 13.6 MB
 on a busy machine), so compare the variants of one run.
 
@@ -30,7 +32,6 @@ Run: `python -m pytest benchmarks/bench_memory.py -s` (a few minutes).
 """
 
 import json
-import os
 import subprocess
 import sys
 
@@ -89,7 +90,8 @@ if variant == "jit":
     run = lambda x: plain(model, x)
 else:
     folded = fold_params(lambda m, x: m(x), model)
-    run = jax.jit(jtile.swap_backend(folded, algorithms="auto") if variant == "swap" else folded)
+    compile = jtile.jit if sys.argv[3] == "hoisted" else jax.jit
+    run = compile(jtile.swap_backend(folded, algorithms="auto") if variant == "swap" else folded)
 x = lambda batch: jax.random.normal(jax.random.key(1), (batch, 3, 224, 224))
 rss = []
 for batch in (6, 5, 4, 3, 2, 1):
@@ -100,9 +102,8 @@ print(json.dumps({"per_shape_mb": float(np.median(np.diff(rss)[1:])), "rss_mb": 
 
 
 def _measure(variant: str, what: str, hoisted: bool = False) -> dict:
-    env = {**os.environ, "JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS": "1" if hoisted else "0"}
-    done = subprocess.run([sys.executable, "-c", _CHILD, variant, what], capture_output=True, text=True,
-                          timeout=1200, env=env)
+    done = subprocess.run([sys.executable, "-c", _CHILD, variant, what, "hoisted" if hoisted else "embedded"],
+                          capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -124,7 +125,7 @@ def test_heap_per_extra_input_shape(benchmark, variant, hoisted):
     FIGURES[f"ResNet-18 per extra shape: {variant}{' hoisted' if hoisted else ''}"] = {
         "MB": result["per_shape_mb"]}
     benchmark.extra_info.update(result)
-    if hoisted:
+    if hoisted and variant == "swap":
         assert result["per_shape_mb"] < 10, result
 
 

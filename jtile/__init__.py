@@ -14,6 +14,7 @@ from ._errors import OnnxError as OnnxError
 from ._errors import UnsupportedError as UnsupportedError
 from ._graph import Graph as Graph
 from ._graph import graph as graph
+from ._jit import jit as jit
 from ._layers import Layer as Layer
 from .algorithms import swap_backend as swap_backend
 from .algorithms import swap_conv2d as swap_conv2d
@@ -32,6 +33,6 @@ from .spatial import tile_spatial as tile_spatial
 __all__ = [
     "ConfigError", "JtileError", "KernelsUnavailableWarning", "Graph", "Layer", "OnnxError", "Summary",
     "Schedule", "UnsupportedError", "__version__", "algorithms", "fold_params", "fuse", "fusion", "graph", "intercept",
-    "kernels", "models", "onnx", "schedule", "shard_spatial", "split_gemm", "summary", "swap_backend",
+    "jit", "kernels", "models", "onnx", "schedule", "shard_spatial", "split_gemm", "summary", "swap_backend",
     "swap_conv2d", "tile_conv", "tile_spatial",
 ]

@@ -196,7 +196,7 @@ def shared(x):
 
     Folded and packed weights are computed again on every trace (one per input
     shape); through `shared` every trace hands jax the same array objects, so
-    with hoisted constants (`JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=1`) all the
+    with hoisted constants (`jtile.jit`) all the
     executables of a function share one copy of the weights.
     """
     if not isinstance(x, jax.Array) or not is_known(x) or x.nbytes < 1024:

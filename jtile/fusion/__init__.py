@@ -147,12 +147,12 @@ def fold_params(fn: Callable | None = None, params: Any = _UNSET, *,
 
     !!! warning
 
-        Under jax's default constant handling, `jax.jit` embeds those
-        constants in each compiled executable, so every input shape pays for
-        its own copy of the weights (ResNet-18: ~40-80 MB a shape). With
-        `JAX_USE_SIMPLIFIED_JAXPR_CONSTANTS=1` jax passes them to the
-        executables as arguments instead, shared by all shapes (~8 MB a
-        shape; benchmarks/bench_memory.py).
+        `jax.jit` embeds those constants in each compiled executable, so
+        every input shape pays for its own copy of the weights (ResNet-18:
+        ~55-85 MB a shape). `jtile.jit` passes the kernels' weights to the
+        executables as arguments instead, shared by all shapes
+        (`jtile.jit(swap_backend(fold_params(...)))`: ~9 MB a shape;
+        benchmarks/bench_memory.py).
     """
     reject_unknown("fold_params", unknown, ("params", "recipes"))
     chosen = _check_recipes((*_check_recipes(recipes), "fold_constants"))

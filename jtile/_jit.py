@@ -1,0 +1,94 @@
+"""`jtile.jit`: compile a function with its closed-over arrays passed in.
+
+`fold_params` and `swap_backend` turn weights into arrays the function closes
+over (folded batch norm, packed GEMM strips). `jax.jit` embeds such constants
+in every executable it compiles, so each new input shape pays for its own copy
+of the weights (ResNet-18: 50-80 MB a shape). `jtile.jit` traces the function
+once per argument signature, then compiles its jaxpr with the closed-over
+arrays as arguments: every shape's executable reads the same buffers.
+
+One kind of constant stays embedded: the weight of a conv or dense op that XLA
+runs itself (not a C kernel). XLA lays such weights out for its own conv at
+compile time; passed in, they would be re-laid on every call (ResNet-18 folded
+but not swapped: twice as slow). A function on the kernels
+(`swap_backend(fold_params(...))`) hoists nearly every weight.
+
+!!! warning
+
+    Arguments follow jtile's filter semantics: array leaves are traced and
+    every other leaf is static (hashable), as in `equinox.filter_jit`.
+    Hoisted constants are arguments, so XLA cannot fold work on them into the
+    executable; work on weights belongs in `fold_params`, which does it once
+    at trace time.
+"""
+
+import functools
+from collections.abc import Callable
+
+import jax
+
+from ._errors import ConfigError, reject_unknown
+from ._graph import Graph, Value
+from ._interpreter import Traced, eval_jaxpr
+from ._registry import facet
+
+
+def _read_by_xla_as_weight(const: Value) -> bool:
+    """Whether a conv or dense op that XLA runs itself (one with a registered
+    geometry, not a C kernel) reads `const`."""
+    return any(facet(op.eqn, "geometry") is not None for op in const.consumers)
+
+
+def _compile(traced: Traced) -> tuple[Callable, list]:
+    """The executable's function and the constants it takes as arguments."""
+    closed = traced.jaxpr
+    embedded = [_read_by_xla_as_weight(v) for v in Graph.of(closed).consts]
+    kept = [c for c, e in zip(closed.consts, embedded) if e]
+    hoisted = [c for c, e in zip(closed.consts, embedded) if not e]
+
+    def run(hoisted: list, dynamic: list) -> list:
+        passed, closed_over = iter(hoisted), iter(kept)
+        consts = [next(closed_over) if e else next(passed) for e in embedded]
+        return eval_jaxpr(closed.jaxpr, consts, *dynamic, rules={})
+
+    return jax.jit(run), hoisted
+
+
+def jit(fn: Callable | None = None, **unknown) -> Callable:
+    """Like `jax.jit(fn)`, but the arrays `fn` closes over are passed to the
+    compiled executables as arguments, shared by every input shape.
+
+    Works bare and as a decorator (`@jtile.jit`). The result is differentiable
+    and may itself be traced (`jax.vmap`, an outer `jax.jit`).
+    """
+    reject_unknown("jtile.jit", unknown, ())
+    if fn is None:
+        return jit
+    if not callable(fn):
+        raise ConfigError(f"jtile.jit: expected a function to compile, got {fn!r}")
+    cache: dict = {}
+
+    def bound(args: tuple, kwargs: dict) -> tuple[Traced, Callable, tuple]:
+        key = Traced.signature("jtile.jit", args, kwargs)
+        if key not in cache:
+            traced = Traced("jtile.jit", fn, args, kwargs)
+            cache[key] = traced, *_compile(traced)
+        traced, run, hoisted = cache[key]
+        return traced, run, (hoisted, traced.dynamic_leaves(args, kwargs))
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        traced, run, operands = bound(args, kwargs)
+        return jax.tree.unflatten(traced.out_tree, run(*operands))
+
+    def lower(*args, **kwargs) -> jax.stages.Lowered:
+        """The executable's `jax.stages.Lowered` for these arguments (its
+        arguments are the closed-over arrays, then the array leaves)."""
+        _, run, operands = bound(args, kwargs)
+        return run.lower(*operands)
+
+    call.lower = lower
+    return call
+
+
+__all__ = ["jit"]
