@@ -10,6 +10,8 @@ facets, each optional:
   pool, norm, activation, elementwise); a layout op counts an empty Counter;
 - `describe(eqn) -> jtile.Layer`: the layer a selector or `select=` sees;
 - `region`: the receptive-field rule spatial tiling propagates windows with;
+- `stripes`: how `shard_spatial` cuts a windowed op (a conv, a pool) into
+  stripes along a spatial axis: layouts, padding, fill and global reduction;
 - `onnx(graph, eqn, *inputs)`: the ONNX emitter `jtile.onnx.export` calls;
 - `weights`, `activations`: operand positions read as weights (a conv
   kernel, a fused bias) and as activations, from which `jtile.Graph` tells
@@ -30,7 +32,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-FACETS = ("geometry", "macs", "describe", "region", "onnx", "weights", "activations")
+FACETS = ("geometry", "macs", "describe", "region", "stripes", "onnx", "weights", "activations")
 
 
 @dataclasses.dataclass
@@ -42,6 +44,7 @@ class OpEntry:
     macs: Callable | None = None
     describe: Callable | None = None
     region: Any = None
+    stripes: Any = None
     onnx: Callable | None = None
     weights: tuple[int, ...] | None = None
     activations: tuple[int, ...] | None = None

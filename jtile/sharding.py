@@ -47,7 +47,7 @@ from . import _regions
 from ._errors import ConfigError, UnsupportedError, reject_unknown
 from ._graph import Graph
 from ._interpreter import bind, transform
-from ._registry import facet
+from ._registry import facet, register
 
 _AXIS_NAMES = {"W": -1, "H": -2, "D": -3}
 _HALOS = ("auto", "ppermute", "xla")
@@ -248,30 +248,23 @@ def _extreme(sign: int):
     return fill
 
 
-_WINDOWS = {
-    "conv_general_dilated": _Window(
-        _conv_layouts, lambda eqn, lay: facet(eqn, "geometry")(eqn).axis(_conv_spatial(eqn, lay)), _conv_padding,
-        lambda eqn: 0, _conv_check, linear=True,
-    ),
-    **{
-        name: _Window(
-            _pool_layouts, lambda eqn, lay: _regions.reduce_window_axis(eqn, lay.spatial), _pool_padding,
-            fill, _pool_check, functools.partial(reduce, keepdims=True), linear=name == "reduce_window_sum",
-        )
-        for name, fill, reduce in (
-            ("reduce_window_sum", lambda eqn: 0, jnp.sum),
-            ("reduce_window_max", _extreme(-1), jnp.max),
-            ("reduce_window_min", _extreme(+1), jnp.min),
-        )
-    },
-}
-_LAYOUT_KEEPING = ("convert_element_type", "copy", "reduce_precision")
-_REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin")
+register("conv_general_dilated", stripes=_Window(
+    _conv_layouts, lambda eqn, lay: facet(eqn, "geometry")(eqn).axis(_conv_spatial(eqn, lay)), _conv_padding,
+    lambda eqn: 0, _conv_check, linear=True,
+))
+for _name, _fill, _reduce in (
+    ("reduce_window_sum", lambda eqn: 0, jnp.sum),
+    ("reduce_window_max", _extreme(-1), jnp.max),
+    ("reduce_window_min", _extreme(+1), jnp.min),
+):
+    register(_name, stripes=_Window(
+        _pool_layouts, lambda eqn, lay: _regions.reduce_window_axis(eqn, lay.spatial), _pool_padding,
+        _fill, _pool_check, functools.partial(_reduce, keepdims=True), linear=_name == "reduce_window_sum",
+    ))
 
 
 def _is_elementwise(op) -> bool:
-    categories = {k for k, v in op.macs.items() if v}
-    return op.primitive in _LAYOUT_KEEPING or (bool(categories) and categories <= {"elementwise", "activation"})
+    return facet(op.eqn, "region") is _regions.elementwise
 
 
 def _same_layout_values(op, layouts) -> list:
@@ -311,7 +304,7 @@ def _is_global(sw: _regions.SlidingWindow) -> bool:
 def _plan_windows(graph, config: _Config, layouts: dict) -> tuple[dict, dict]:
     windows, pools = {}, {}
     for op in graph.ops:
-        rule = _WINDOWS.get(op.primitive)
+        rule = facet(op.eqn, "stripes")
         if rule is None or not op.ins[0].is_data:
             continue
         found = rule.layouts(op.eqn, config.axis, layouts.get(op.ins[0]))
@@ -387,9 +380,9 @@ def _check_exits(graph, plan: _Plan, config: _Config) -> None:
         for op in value.consumers:
             if op in plan.windows or value in _same_layout_values(op, plan.layouts):
                 continue
-            if op.primitive in _WINDOWS or (op.primitive == "reshape" and not _keeps_dim(op, lay.spatial)):
+            if facet(op.eqn, "stripes") is not None or (op.primitive == "reshape" and not _keeps_dim(op, lay.spatial)):
                 continue  # global pooling, flattening
-            if op.primitive in _REDUCTIONS and lay.spatial in op.eqn.params["axes"]:
+            if facet(op.eqn, "region") is _regions.reduce and lay.spatial in op.eqn.params["axes"]:
                 continue
             raise UnsupportedError(
                 f"shard_spatial: {_op_label(op)} reads an activation sharded along {config.axis} and jtile "
@@ -493,7 +486,7 @@ def _pad_rows(x, axis: int, devices: int):
 
 def _exchange_halos(op, halo: _regions.Halo, lhs, rest, plan: _Plan, config: _Config):
     """`op` on stripes: a shard_map that swaps `halo` rows with the neighbours by ppermute."""
-    rule, name, n = _WINDOWS[op.primitive], config.mesh_axis, config.devices
+    rule, name, n = facet(op.eqn, "stripes"), config.mesh_axis, config.devices
     lay_in, lay_out = plan.layouts[op.ins[0]], plan.layouts[op.outs[0]]
     a, sw = lay_in.spatial, halo.window
     params = op.eqn.primitive.get_bind_params(op.eqn.params)
@@ -562,7 +555,7 @@ def _global_pool(op, layout: _Layout, x, *rest):
     """A pool whose window spans the sharded axis: each device reduces its stripe
     and XLA combines the partial results (an all-reduce, not a gather)."""
     a, p = layout.spatial, dict(op.eqn.primitive.get_bind_params(op.eqn.params))
-    x = _WINDOWS[op.primitive].reduce(x, a)
+    x = facet(op.eqn, "stripes").reduce(x, a)
     for name, value in (("window_dimensions", 1), ("window_strides", 1), ("window_dilation", 1), ("padding", (0, 0))):
         p[name] = tuple(value if d == a else v for d, v in enumerate(p[name]))
     return op.eqn.primitive.bind(x, *rest, **p)
