@@ -6,7 +6,9 @@ A selector is a name for every layer of that kind, a list with one name per
 layer in program order, or a callable receiving a `jtile.Layer` and returning a
 name. `"default"` keeps XLA's own op; `"auto"` asks a cost model (see
 `jtile._algorithm_kinds`) and keeps XLA wherever no kernel is known to win or
-no kernel can serve the layer.
+no kernel can serve the layer; `"measured"` times every algorithm that can
+serve the layer, XLA included, once per machine and layer signature
+(`jtile._measured`), and runs the fastest.
 
 The registry maps each layer kind to its algorithms: `algorithm_names(kind)`
 lists them, `register_algorithm` adds one.
@@ -24,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 import jax.extend.core as jcore
 
 from . import _algorithm_kinds as kinds
+from . import _measured
 from ._errors import ConfigError, UnsupportedError, reject_positional, reject_unknown
 from ._graph import Graph
 from ._interpreter import bind, transform
@@ -71,7 +74,7 @@ def layer_kinds() -> tuple[str, ...]:
 
 def algorithm_names(kind: str) -> tuple[str, ...]:
     """Every name a selector for `kind` may return, `"default"` and `"auto"` included."""
-    return ("default", "auto", *sorted(_REGISTRY[kind]))
+    return ("default", "auto", "measured", *sorted(_REGISTRY[kind]))
 
 
 for _algorithm in kinds.ALGORITHMS:
@@ -140,11 +143,22 @@ def _check_lengths(selectors: dict[str, Selector], counts: dict[str, int]) -> No
             )
 
 
-def _resolve(name: str, eqn, layer: Layer, producers: dict) -> Algorithm | None:
-    """The algorithm to run for `layer`, `None` for XLA's own op; explicit misfits raise."""
+def _measure(eqn, layer: Layer, producers: dict, known: list) -> str:
+    if warn_if_unavailable("swap_backend"):
+        return "default"
+    candidates = {name: algorithm.run for name, algorithm in _REGISTRY[layer.kind].items()
+                  if algorithm.support(eqn, layer) is None}
+    return _measured.choose(eqn, known, layer, candidates, producers) if candidates else "default"
+
+
+def _resolve(name: str, eqn, layer: Layer, producers: dict, known: list) -> Algorithm | None:
+    """The algorithm to run for `layer`, `None` for XLA's own op; explicit misfits
+    raise. `known` holds the operands known at trace time (None where not)."""
     if name == "auto":
         warn_if_unavailable("swap_backend")
         name = _AUTO[layer.kind](eqn, layer, producers)
+    elif name == "measured":
+        name = _measure(eqn, layer, producers, known)
     if name == "default":
         return None
     algorithm = _REGISTRY[layer.kind][name]
@@ -189,8 +203,10 @@ def _plan(closed: jcore.ClosedJaxpr, selectors: dict[str, Selector]) -> _Plan:
     found, counts, avg_pools = _find_layers(graph, selectors)
     _check_lengths(selectors, counts)
     plan = _Plan({}, set(), graph.producers())
+    consts = dict(zip(closed.jaxpr.constvars, closed.consts))
     for eqn, layer in found:
-        algorithm = _resolve(_select(selectors[layer.kind], layer), eqn, layer, plan.producers)
+        known = [v.val if isinstance(v, jcore.Literal) else consts.get(v) for v in eqn.invars]
+        algorithm = _resolve(_select(selectors[layer.kind], layer), eqn, layer, plan.producers, known)
         if algorithm is not None:
             plan.swaps[id(eqn)] = algorithm
             if layer.kind == "avgpool2d":

@@ -186,19 +186,21 @@ def kernel_unavailable(target: str) -> str | None:
 _warned = False
 
 
-def warn_if_unavailable(where: str) -> None:
+def warn_if_unavailable(where: str) -> bool:
     """Warn once per process, with `KernelsUnavailableWarning`, if any kernel
-    cannot run: `where` (an `"auto"` selector) then keeps XLA for it."""
+    cannot run: `where` (an `"auto"` or `"measured"` selector) then keeps XLA
+    for it. Returns whether any kernel cannot run."""
     global _warned
     if _UNAVAILABLE and not _warned:
         _warned = True
         reason = next(iter(_UNAVAILABLE.values()))
         warnings.warn(
-            f"{where}: 'auto' keeps XLA for layers whose kernel cannot run, so this function "
-            f"runs slower than it could: {reason}",
+            f"{where}: 'auto' and 'measured' keep XLA for layers whose kernel cannot run, so this "
+            f"function runs slower than it could: {reason}",
             KernelsUnavailableWarning,
             stacklevel=3,
         )
+    return bool(_UNAVAILABLE)
 
 
 def _call(target: str, out: jax.ShapeDtypeStruct, *arrays, vmap_method: str, **attrs):

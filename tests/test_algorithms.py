@@ -115,7 +115,7 @@ def test_unknown_names_list_the_valid_ones(convnet):
     with pytest.raises(jtile.ConfigError, match="unknown keyword.*algorithm"):
         swap_backend(_convnet, algorithm="direct")
     assert set(layer_kinds()) == {"conv2d", "dense", "maxpool2d", "avgpool2d"}
-    assert algorithm_names("dense") == ("default", "auto", "gemm")
+    assert algorithm_names("dense") == ("default", "auto", "measured", "gemm")
 
 
 def test_auto_swaps_where_a_kernel_wins_and_keeps_xla_elsewhere(getkey, tree_allclose):
