@@ -73,6 +73,26 @@ class SlidingWindow:
         extra = max((count - 1) * self.stride + self.span - padded, 0)
         return dataclasses.replace(self, pad_hi=self.pad_hi + extra)
 
+    def live_taps(self) -> "tuple[int, int, SlidingWindow] | None":
+        """`(first, last, cropped)`: the window taps that read an input row for
+        some output (tap `j` reads rows `o * stride - pad_lo + j * dilation`),
+        and this window with the taps outside `[first, last]` removed and the
+        padding adjusted so every output reads the same rows (a single tap
+        left has dilation 1). None when every
+        tap is live, or when cropping would need negative padding."""
+        last_row = (self.out_size - 1) * self.stride - self.pad_lo
+        live = [j for j in range(self.window)
+                if j * self.dilation - self.pad_lo < self.in_size and last_row + j * self.dilation >= 0]
+        if not live or len(live) == self.window:
+            return None
+        first, last = live[0], live[-1]
+        lo, hi = self.pad_lo - first * self.dilation, self.pad_hi - (self.window - 1 - last) * self.dilation
+        if lo < 0 or hi < 0:
+            return None
+        window = last - first + 1
+        dilation = self.dilation if window > 1 else 1
+        return first, last, dataclasses.replace(self, window=window, pad_lo=lo, pad_hi=hi, dilation=dilation)
+
     def input_region(self, out: Window) -> tuple[Window, tuple[int, int]]:
         """The input rows `out` reads, and the (lo, hi) padding left to this tile."""
         start = out.start * self.stride - self.pad_lo

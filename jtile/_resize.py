@@ -6,6 +6,14 @@ statically with numpy (edge-clamped neighbours, as the ONNX reference does),
 and the graph only holds a `take` and, for linear/cubic, a weighted sum.
 `antialias=1` widens the linear/cubic filters when downsampling.
 
+An upsampling by an integer factor `r` whose neighbours and weights repeat
+every `r` outputs (every coordinate mode but `align_corners` and
+`tf_crop_and_resize`, in practice) skips the gather: each of the `r` output
+phases is a weighted sum of edge-padded, shifted slices of the input, and the
+phases are interleaved. XLA:CPU runs a gather along a middle axis element by
+element (DeepLabV3's 14x14 -> 224x224 bilinear took 20 ms); slices fuse into
+one loop. The products and sums are the same, so are the results.
+
 !!! warning
 
     `align_corners` and `pytorch_half_pixel` use the unrounded output length
@@ -13,10 +21,13 @@ and the graph only holds a `take` and, for linear/cubic, a weighted sum.
     one. They differ only when `scale * in` is not an integer.
 """
 
+import functools
 import math
+import operator
 
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 MODES = ("nearest", "linear", "cubic")
 NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
@@ -86,6 +97,44 @@ def _coefficients(mode, nearest_mode, cubic_a, ratio, antialias, scale):
     ], axis=1)
 
 
+def _periodic(neighbours, coeffs, in_size: int, out_size: int):
+    """`(offsets, weights)`, each `(r, n)`, when output `q * r + p` reads input
+    rows `clip(q + offsets[p], 0, in - 1)` with `weights[p]` for every `q`
+    (an integer upsampling factor `r`); else None."""
+    r, rest = divmod(out_size, in_size)
+    if rest or r < 1:
+        return None
+    q = np.arange(out_size) // r
+    offsets, weights = neighbours[:r] - q[:r, None], coeffs[:r]
+    phase = np.arange(out_size) % r
+    same = (np.array_equal(neighbours, q[:, None] + offsets[phase])
+            and np.array_equal(coeffs, weights[phase]))
+    return (offsets, weights) if same else None
+
+
+def _interleave(x, axis: int, offsets, weights, select: bool):
+    """The periodic resize of `_periodic`: for each input shift, the shifted
+    edge-padded input times each phase's weight for that shift (zero where a
+    phase does not read it), written phase-minor so a reshape interleaves.
+    `select`: the weights pick one neighbour (nearest), so a zero-weight
+    neighbour is not read at all, as the gather path's `take` does not."""
+    shape, (r, _) = np.shape(x), offsets.shape
+    in_size, reach = shape[axis], int(np.abs(offsets).max())
+    pads = [(0, 0)] * len(shape)
+    pads[axis] = (reach, reach)
+    padded = jnp.pad(x, pads, mode="edge")
+    per_phase = (1,) * (axis + 1) + (r,) + (1,) * (len(shape) - axis - 1)
+    terms = []
+    for offset in np.unique(offsets):
+        rows = lax.slice_in_dim(padded, reach + offset, reach + offset + in_size, axis=axis)
+        weight = np.where(offsets == offset, weights, 0.0).sum(axis=1).astype(x.dtype)
+        used = ((offsets == offset) & ((weights != 0) | (not select))).any(axis=1)
+        term = jnp.expand_dims(rows, axis + 1) * weight.reshape(per_phase)
+        terms.append(jnp.where(used.reshape(per_phase), term, jnp.zeros((), x.dtype)))
+    y = functools.reduce(operator.add, terms)
+    return y.reshape(*shape[:axis], in_size * r, *shape[axis + 1:])
+
+
 def _resize_axis(x, axis, out_size, scale, roi, how):
     """Resize `x` along `axis` to `out_size` (`how`: the interpolation parameters)."""
     in_size = np.shape(x)[axis]
@@ -109,7 +158,11 @@ def _resize_axis(x, axis, out_size, scale, roi, how):
         total = coeffs.sum(axis=1, keepdims=True)
         coeffs = coeffs / np.where(total == 0, 1.0, total)
     index = np.clip(neighbours, 0, in_size - 1)
-    if np.all((coeffs == 0) | (coeffs == 1)) and np.all(coeffs.sum(axis=1) == 1):
+    select = np.all((coeffs == 0) | (coeffs == 1)) and np.all(coeffs.sum(axis=1) == 1)
+    periodic = _periodic(neighbours, coeffs, in_size, out_size)
+    if periodic is not None and how["coords"] != "tf_crop_and_resize":
+        return _interleave(x, axis, *periodic, select).astype(x.dtype)
+    if select:
         y = jnp.take(x, index[np.arange(out_size), coeffs.argmax(axis=1)], axis=axis)
     else:
         gathered = jnp.take(x, index, axis=axis)  # (..., out, n, ...)

@@ -321,3 +321,19 @@ def test_two_products_added_are_not_a_bias(getkey):
         return x[:, :4] @ w[:4] + x[:, 4:] @ w[4:]
 
     np.testing.assert_allclose(jtile.fuse(f)(x, w), x @ w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dilation, size, stride, taps", [(24, 14, 1, 1), (36, 14, 1, 1), (12, 14, 1, 3),
+                                                         (6, 5, 1, 1), (5, 9, 2, 3), (7, 6, 1, 1)])
+def test_crop_dead_taps_keeps_the_conv_and_drops_taps_that_read_padding(getkey, dilation, size, stride, taps):
+    x = jax.random.normal(getkey(), (2, 4, size, size + 1))
+    w = jax.random.normal(getkey(), (5, 4, 3, 3))
+    pad = ((dilation, dilation), (dilation, dilation))
+
+    def conv(x, w):
+        return lax.conv_general_dilated(x, w, (stride, stride), pad, rhs_dilation=(dilation, dilation))
+
+    cropped = jtile.fusion.crop_dead_taps(conv)
+    (eqn,) = [e for e in jax.make_jaxpr(cropped)(x, w).eqns if e.primitive.name == "conv_general_dilated"]
+    assert eqn.invars[1].aval.shape[2] == taps
+    np.testing.assert_allclose(cropped(x, w), conv(x, w), rtol=1e-5, atol=1e-5)

@@ -265,3 +265,27 @@ def test_reduction_or_product_over_a_spatial_dim_reads_it_from_no_output_dim(fn,
 
 def test_hull_is_the_smallest_covering_window():
     assert hull([Window(3, 5), Window(-1, 2), Window(4, 9)]) == Window(-1, 9)
+
+
+@settings(deadline=None, max_examples=200)
+@given(n=st.integers(1, 20), k=st.integers(1, 5), s=st.integers(1, 3), d=st.integers(1, 30),
+       lo=st.integers(0, 40), hi=st.integers(0, 40))
+def test_live_taps_keep_every_tap_that_reads_input_and_the_same_rows(n, k, s, d, lo, hi):
+    sw = SlidingWindow(n, k, s, lo, hi, d)
+    assume(sw.out_size >= 1)
+    reads = {j: [o * s - lo + j * d for o in range(sw.out_size)] for j in range(k)}
+    live = [j for j, rows in reads.items() if any(0 <= r < n for r in rows)]
+    found = sw.live_taps()
+    if found is None:  # nothing to crop, or cropping would need negative padding
+        return
+    first, last, cropped = found
+    assert all(first <= j <= last for j in live) and (first, last) != (0, k - 1)
+    assert cropped.out_size == sw.out_size and cropped.window == last - first + 1
+    for j in range(first, last + 1):  # tap j is the cropped window's tap j - first, reading the same rows
+        assert [o * s - cropped.pad_lo + (j - first) * cropped.dilation for o in range(sw.out_size)] == reads[j]
+
+
+def test_live_taps_of_an_atrous_pyramid_on_a_small_map():
+    assert SlidingWindow(14, 3, 1, 12, 12, 12).live_taps() is None  # every tap reads rows 0-1 or 12-13
+    first, last, cropped = SlidingWindow(14, 3, 1, 36, 36, 36).live_taps()
+    assert (first, last) == (1, 1) and cropped == SlidingWindow(14, 1, 1, 0, 0, 1)

@@ -4,6 +4,8 @@ Recipes, applied in this order whatever order they are named in:
 
 - `drop_identity`: remove ops that return their operand (same-dtype converts,
   same-shape reshapes, `x * 1`, ...).
+- `crop_dead_taps`: crop each conv's kernel to the taps that read the input
+  (a dilated conv larger than its input reads padding with the others).
 - `fold_batchnorm`: fold the affine chain after a conv or dot (batch norm as
   the zoo and the ONNX importer lower it) into the weights and one bias add.
 - `dense`: `dot_general -> add(bias) -> activation` becomes one `dense` op,
@@ -36,10 +38,10 @@ from .._errors import ConfigError, reject_positional, reject_unknown
 from .._interpreter import applied, refuse_after, transform
 from ._chains import Affine, BiasAct
 from ._plan import chain_rules
-from ._simplify import drop_identity_rules, fold_constants_rules
+from ._simplify import crop_dead_taps_rules, drop_identity_rules, fold_constants_rules
 
-ORDER = ("drop_identity", "fold_batchnorm", "dense", "conv_bias_act", "fold_constants")
-DEFAULT = ("fold_batchnorm", "dense", "conv_bias_act", "fold_constants", "drop_identity")
+ORDER = ("drop_identity", "crop_dead_taps", "fold_batchnorm", "dense", "conv_bias_act", "fold_constants")
+DEFAULT = ("crop_dead_taps", "fold_batchnorm", "dense", "conv_bias_act", "fold_constants", "drop_identity")
 
 
 # Orders fusion cannot follow, and the order to use instead.
@@ -84,9 +86,14 @@ drop_identity = _recipe(
     "drop_identity", lambda fn: transform(fn, "drop_identity", drop_identity_rules, refuse=REFUSE)
 )
 drop_identity.__doc__ = "Remove ops that return their operand unchanged."
+crop_dead_taps = _recipe(
+    "crop_dead_taps", lambda fn: transform(fn, "crop_dead_taps", crop_dead_taps_rules, refuse=REFUSE)
+)
+crop_dead_taps.__doc__ = "Crop each convolution's kernel to the taps that ever read its input."
 
 RECIPES = {
     "drop_identity": drop_identity,
+    "crop_dead_taps": crop_dead_taps,
     "fold_batchnorm": fold_batchnorm,
     "dense": dense,
     "conv_bias_act": conv_bias_act,
@@ -171,4 +178,5 @@ def fold_params(fn: Callable | None = None, params: Any = _UNSET, *,
 
 __all__ = [
     "fuse", "fold_params", "fold_batchnorm", "dense", "conv_bias_act", "fold_constants", "drop_identity",
+    "crop_dead_taps",
 ]

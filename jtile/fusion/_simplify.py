@@ -1,4 +1,4 @@
-"""Per-equation simplifications: constant folding and identity removal.
+"""Per-equation simplifications: constant folding, identity removal, dead taps.
 
 `fold_constants` evaluates, at trace time, every equation whose operands are
 all known (literals, closed-over arrays, earlier folded results), so the
@@ -14,6 +14,17 @@ squeezes of nothing, `copy`, a `select_n` whose cases are all the same value
 (a LeakyReLU of slope 1), and `x * 1`, `x / 1`, `x + 0`, `x - 0` with a
 scalar literal. Dropout at inference is already the identity in the zoo and in
 the ONNX importer, so it leaves nothing here to remove.
+
+`crop_dead_taps` removes the kernel rows and columns of a convolution that
+only ever read padding (`SlidingWindow.live_taps`): a dilated conv whose
+dilation exceeds its input, as in DeepLabV3's atrous pyramid on a 14x14 map
+(dilation 24 and 36 leave only the centre tap, a 1x1 conv).
+
+!!! warning
+
+    A dropped tap multiplied zeros only; with a non-finite weight there
+    (Inf * 0 = NaN) the uncropped conv may give NaN where the cropped one
+    does not.
 """
 
 import functools
@@ -21,10 +32,12 @@ import math
 
 import jax
 import numpy as np
+from jax import lax
 from jax.extend.core import Literal
 
+from .._geometry import ConvGeometry
 from .._graph import Graph
-from .._interpreter import CONTROL_FLOW, bind, is_known, shared
+from .._interpreter import CONTROL_FLOW, bind, eager_if_known, is_known, shared
 
 
 def _fold_rule(max_growth: float, eqn, *invals):
@@ -88,3 +101,28 @@ def drop_identity_rules(closed) -> dict:
         "add": _neutral({0: 0.0, 1: 0.0}),
         "sub": _neutral({1: 0.0}),
     }
+
+
+def _crop_dead_taps(eqn, x, w):
+    g = ConvGeometry.of(eqn)
+    padding, dilation = list(g.padding), list(g.dilation)
+    crops = []
+    if all(d == 1 for d in g.lhs_dilation):
+        for i in range(len(g.window)):
+            live = g.axis(i).live_taps()
+            if live is not None:
+                first, last, cropped = live
+                padding[i], dilation[i] = (cropped.pad_lo, cropped.pad_hi), cropped.dilation
+                crops.append((g.rhs_spec[2 + i], first, last + 1))
+    if not crops:
+        return bind(eqn, x, w)[0]
+    with eager_if_known(w):
+        for axis, start, stop in crops:
+            w = lax.slice_in_dim(w, start, stop, axis=axis)
+    params = eqn.primitive.get_bind_params({**eqn.params, "padding": tuple(padding), "rhs_dilation": tuple(dilation)})
+    return eqn.primitive.bind(x, w, **params)
+
+
+def crop_dead_taps_rules(closed) -> dict:
+    """Rules cropping every convolution's kernel to the taps that read its input."""
+    return {"conv_general_dilated": _crop_dead_taps}
