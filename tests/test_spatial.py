@@ -115,7 +115,10 @@ def test_loop_mode_program_size_does_not_grow_with_the_tile_count(getkey):
         closed = make_jaxpr(jtile.tile_spatial(_seed_net, grid=grid), params, x)
         return collections.Counter(e.primitive.name for e in iter_eqns(closed.jaxpr))
 
-    assert counts((2, 2)) == counts((8, 8))
+    # First, interior and last tiles along an axis differ in shape (the first computes
+    # the overlap the others reuse), so each is one branch: from 3x3 on, no new branch.
+    assert counts((3, 3)) == counts((8, 8)) == counts((16, 16))
+    assert counts((2, 2)) <= counts((8, 8))
     unrolled = make_jaxpr(jtile.tile_spatial(_seed_net, grid=(4, 4), mode="unroll"), params, x)
     assert sum(e.primitive.name == "conv_general_dilated" for e in unrolled.jaxpr.eqns) == 3 * 16
 
