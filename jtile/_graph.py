@@ -412,6 +412,26 @@ class Graph:
                  if leaf.is_param and not leaf.is_buffer and jnp.issubdtype(leaf.dtype, jnp.inexact))
         return (reached | unused) & ok
 
+    def peak_bytes(self) -> int:
+        """The most bytes of activations (op results computed from an input) alive
+        at once when the ops run in program order: a result lives from its op to
+        its last reader (an output to the end), and is made while the op's operands
+        are alive; while a control-flow op runs, its largest body's own peak (its
+        results included) counts instead of its results. Inputs, weights and what
+        is computed from weights alone are not counted; nothing is updated in place
+        (XLA may do better, and adds layout copies of its own)."""
+        last = {v: op.index for op in self.ops for v in op.ins}
+        last.update({v: len(self.ops) for v in self.outputs})
+        live = peak = 0
+        for op in self.ops:
+            made = sum(v.nbytes for v in op.outs if v.data)
+            inner = max((sub.peak_bytes() for sub in op.subgraphs), default=0)
+            peak = max(peak, live + max(made, inner))
+            dead = {v for v in (*op.ins, *op.outs)
+                    if v.producer is not None and v.data and last.get(v, -1) <= op.index}
+            live += made - sum(v.nbytes for v in dead)
+        return peak
+
     def leaf_values(self, mask: int) -> list[Value]:
         """The input and constant values whose bits are set in `mask`."""
         values = [*self.inputs, *self.consts]

@@ -13,21 +13,40 @@ stitched outputs.
 - `mode="unroll"`: one explicit subgraph per tile: slices of the input,
   per-tile ops whose padding stays on the border sides of border tiles only,
   then concatenation. Readable, as Aidge draws it.
-- `mode="loop"`: every tile has one shape. A tile reads the block's inputs
-  through a zero-filling gather (a padded copy's values, without the copy);
-  an op reads its operand through a mask that puts the op's padding value
-  wherever the untiled net had padding and runs unpadded; the tiles run in a
-  `lax.fori_loop` writing with `dynamic_update_slice`, so the program and its
-  live memory do not grow with the tile count. With `mesh=`, the tile axis is sharded over the mesh
-  with `shard_map` (DeepThings' fused tile partitioning): each device
-  computes its tiles without communicating, and the tiles are gathered once.
+- `mode="loop"`: the tiles run in raster order in a `lax.fori_loop` over rows
+  of tiles and one over each row, and a tile computes only what the tiles
+  before it did not (Alwani et al.'s fused-layer reuse): the rows above its
+  window come from a line buffer (the last rows of the row of tiles above,
+  full width), the columns on its left from the tile before. The overlap is
+  kept on the narrowest value of a pointwise chain (a 1x1 expansion's input,
+  not its 6x wider output; the expansion recomputes its one-column halo), since
+  a kept part is copied into each tile's window. The first, interior and last
+  tiles along an axis differ in shape; each shape is one branch of a
+  `lax.switch`, so the program stops growing from a 3x3 grid on, and no tile
+  can be hoisted or interleaved by XLA: one tile's intermediates are live at a
+  time. Output tiles are uniform (the last overlaps its neighbour) so a row's
+  tiles come back stacked, outside the switch. With `mesh=`, tiles are
+  independent instead (one shape, windows reaching over the border: a
+  zero-filling gather for the inputs, masks where the untiled net had
+  padding), and the tile axis is sharded over the mesh with `shard_map`
+  (DeepThings' fused tile partitioning): each device computes its tiles
+  without communicating, and the tiles are gathered once.
 
 !!! warning
 
     Only ops with a region rule are tiled; an op without one ends the block
     before it (with a warning), and a reduction or reshape across space ends
-    it quietly. Tiles overlap by their halo, so the tiled block recomputes
-    that overlap (`jtile.summary` of the unrolled form counts it).
+    it quietly. Unrolled tiles recompute their overlap (`jtile.summary` counts
+    it); looped tiles recompute only the halo of wide pointwise values, but
+    `jtile.summary` counts each `lax.switch` at its most expensive branch (the
+    first tile of a row), so its MAC count of a looped function is an upper
+    bound. XLA's CPU backend runs a top-level convolution channels-last (its
+    layout assignment transposes around it) but one in a loop body in the
+    layout written, summing in another order: looped tiles of an NCHW net
+    differ from the untiled function by a few ulp per conv. Writing the tile's
+    convs channels-last (NHWC, HWIO kernels) makes MobileNetV2's looped tiles
+    bit-identical, but the transposes cost about 0.1 MB of XLA's temp at 224
+    (4x4: 8.2x -> 7.3x lower peak), so it is not done.
 """
 
 import dataclasses
@@ -244,23 +263,113 @@ class _Read:
 
 @dataclasses.dataclass
 class Plan:
-    """Every tile's windows for a block."""
+    """Every tile's windows for a block.
+
+    With `reuse`, tiles run in raster order and each one computes only the
+    columns (the last grid axis) that the tiles before it in its row did not:
+    `windows` are those fresh windows, and a value read with a halo arrives as
+    the last `cache[v]` columns kept from the previous tile followed by the
+    fresh ones, starting at `origins[v]`.
+    """
 
     block: Block
     grid: tuple[int, ...]
     uniform: bool
-    windows: dict  # Value -> per tile: tuple of Window (hull of what its consumers read)
+    windows: dict  # Value -> per tile: tuple of Window (what the tile computes)
     reads: dict  # (op index, operand) -> _Read
     params: dict  # op index -> per tile params
     out_tiles: dict  # Value -> per tile: tuple of Window (the tile it writes)
+    reuse: bool = False
+    cache: dict = dataclasses.field(default_factory=dict)  # Value -> per grid axis: rows kept from earlier tiles
+    origins: dict = dataclasses.field(default_factory=dict)  # Value -> per tile: starts of the array it arrives as
 
     @property
     def tiles(self) -> int:
         return math.prod(self.grid)
 
+def _reused_axes(grid: tuple[int, ...]) -> tuple[int, ...]:
+    """The grid axes whose overlap a looped tile reuses: rows and columns of a 2-D grid,
+    the last axis otherwise."""
+    return (0, 1) if len(grid) == 2 else (len(grid) - 1,)
 
-def make_plan(block: Block, grid: tuple[int, ...], uniform: bool) -> Plan:
-    """Propagate every tile's output windows backwards through the block."""
+
+def _previous(tiles: list, grid: tuple[int, ...], k: int, a: int) -> int | None:
+    """The tile before tile `k` along grid axis `a` (raster order), or None at the border."""
+    return k - math.prod(grid[a + 1 :]) if tiles[k][a] else None
+
+
+def _fresh(needed: list, tiles: list, grid: tuple[int, ...]) -> list:
+    """Per tile, the part of `needed` (per tile: tuple of Window) that the tiles before
+    it along each reused axis have not computed."""
+    fresh = []
+    for k, need in enumerate(needed):
+        w = list(need)
+        for a in _reused_axes(grid):
+            prev = _previous(tiles, grid, k, a)
+            if prev is not None:
+                start = max(w[a].start, fresh[prev][a].stop)
+                w[a] = Window(start, max(start, w[a].stop))
+        fresh.append(tuple(w))
+    return fresh
+
+
+def _per_position(v: Value, dims) -> float:
+    """Bytes of `v` at one position of its tiled dims."""
+    return v.nbytes / math.prod(v.shape[d] for d in dims)
+
+
+def _pointwise(op: Op, axes: dict) -> bool:
+    """Whether `op` reads each tiled operand at its output's own position."""
+    dims = axes[op.outs[0]]
+    out = tuple(Window(op.outs[0].shape[d] // 2, op.outs[0].shape[d] // 2 + 1) for d in dims)
+    region = facet(op.eqn, "region")(op.eqn, dims, out, True)
+    return all(r is None or r[1] == w for read in region.operands if read is not None for r, w in zip(read, out))
+
+
+def _narrowest(v: Value, axes: dict, seen: dict) -> float:
+    """The fewest bytes per position on the way up to `v` through pointwise ops of the
+    block: where a cache of `v`'s overlap is cheapest to keep."""
+    if v not in seen:
+        own = _per_position(v, axes[v])
+        op = v.producer
+        if op is None or v not in axes or not _pointwise(op, axes):
+            seen[v] = own
+        else:
+            tiled = [u for u in op.ins if u in axes and u.role != "literal"]
+            seen[v] = min(own, sum(_narrowest(u, axes, seen) for u in tiled)) if tiled else own
+    return seen[v]
+
+
+def _recomputes(op: Op, axes: dict, seen: dict) -> bool:
+    """Whether `op` recomputes its outputs' overlap with earlier tiles instead of
+    caching it: it is pointwise and a narrower value is upstream of it through
+    pointwise ops (a 1x1 expansion's input, not its wide output: a cache is copied
+    into each tile's window, so it is kept where that copy is smallest)."""
+    if not _pointwise(op, axes):
+        return False
+    own = sum(_per_position(v, axes[v]) for v in op.outs)
+    tiled = [u for u in op.ins if u in axes and u.role != "literal"]
+    return bool(tiled) and sum(_narrowest(u, axes, seen) for u in tiled) < own
+
+
+def _cache_width(v: Value, dim: int, a: int, windows: list, requests: list, tiles: list, grid) -> int:
+    """Rows or columns (operand dim `dim`, grid axis `a`) of `v` a tile reads from before
+    its fresh window: the cache it keeps from the tile before it along `a`; checked to
+    lie in what those earlier tiles computed."""
+    width, valid = 0, [0] * len(windows)
+    for k, (fresh, asked) in enumerate(zip(windows, requests)):
+        w, prev = fresh[a], _previous(tiles, grid, k, a)
+        valid[k] = valid[prev] if prev is not None and w.start == windows[prev][a].stop else w.start
+        reach = min((x.start for r in asked for d, x in r if d == dim and x.size > 0), default=w.start)
+        if reach < valid[k]:
+            raise UnsupportedError(f"tile_spatial: tile {k} reads a part of '{v.producer.scope}' that no "
+                                   "earlier tile computed; use mode='unroll'")
+        width = max(width, w.start - reach)
+    return width
+
+
+def make_plan(block: Block, grid: tuple[int, ...], uniform: bool, reuse: bool = False) -> Plan:
+    """Propagate every tile's output windows backwards through the block (see `Plan`)."""
     for v in block.outputs:
         for a, d in enumerate(block.axes[v]):
             if grid[a] > v.shape[d]:
@@ -274,11 +383,11 @@ def make_plan(block: Block, grid: tuple[int, ...], uniform: bool) -> Plan:
     requests: dict = defaultdict(lambda: [[] for _ in tiles])
     out_tiles = {}
     for v in block.outputs:
-        per_axis = [tile_windows(v.shape[d], n, uniform) for d, n in zip(block.axes[v], grid)]
+        per_axis = [tile_windows(v.shape[d], n, uniform or reuse) for d, n in zip(block.axes[v], grid)]
         out_tiles[v] = [tuple(per_axis[a][i] for a, i in enumerate(t)) for t in tiles]
         for k, w in enumerate(out_tiles[v]):
             requests[v][k].append(tuple(zip(block.axes[v], w)))
-    windows, regions = {}, {}
+    windows, regions, narrowest = {}, {}, {}
     for op in reversed(block.ops):
         per_tile = []
         for k in range(len(tiles)):
@@ -287,15 +396,26 @@ def make_plan(block: Block, grid: tuple[int, ...], uniform: bool) -> Plan:
         if uniform:
             sizes = [max(w[a].size for w in per_tile) for a in range(len(grid))]
             per_tile = [tuple(Window(x.start, x.start + s) for x, s in zip(w, sizes)) for w in per_tile]
-        for v in op.outs:
-            windows[v] = per_tile
         dims = block.axes[op.outs[0]]
         rule = facet(op.eqn, "region")
         regions[op.index] = [rule(op.eqn, dims, w, not uniform) for w in per_tile]
+        if reuse and not _recomputes(op, block.axes, narrowest):
+            per_tile = _fresh(per_tile, tiles, grid)
+            regions[op.index] = [rule(op.eqn, dims, w, not uniform) for w in per_tile]
+        for v in op.outs:
+            windows[v] = per_tile
         for j, v in enumerate(op.ins):
             if regions[op.index][0].operands[j] is not None and v.role != "literal":
                 for k, region in enumerate(regions[op.index]):
                     requests[v][k].append(tuple(r for r in region.operands[j] if r is not None))
+    cache, origins = {}, {}
+    for v, per_tile in windows.items():
+        widths = [0] * len(grid)
+        for a in _reused_axes(grid) if reuse else ():
+            widths[a] = _cache_width(v, block.axes[v][a], a, per_tile, requests[v], tiles, grid)
+        if any(widths):
+            cache[v] = tuple(widths)
+        origins[v] = [tuple(w.start - n for w, n in zip(ws, widths)) for ws in per_tile]
     reads, params = {}, {}
     for op in block.ops:
         params[op.index] = [r.params for r in regions[op.index]]
@@ -306,7 +426,7 @@ def make_plan(block: Block, grid: tuple[int, ...], uniform: bool) -> Plan:
             dims = tuple(r[0] for r in first if r is not None)
             per_tile = [tuple(r[1] for r in region.operands[j] if r is not None) for region in regions[op.index]]
             if v in windows:
-                origin = [[dict(zip(block.axes[v], windows[v][k]))[d].start for d in dims] for k in range(len(tiles))]
+                origin = [[dict(zip(block.axes[v], origins[v][k]))[d] for d in dims] for k in range(len(tiles))]
             else:
                 origin = [[0] * len(dims)] * len(tiles)
             outside = v not in windows and any(
@@ -315,7 +435,7 @@ def make_plan(block: Block, grid: tuple[int, ...], uniform: bool) -> Plan:
                               dtype=np.int32).reshape(len(tiles), len(dims))
             reads[op.index, j] = _Read(dims, per_tile, starts, regions[op.index][0].fill[j],
                                        tuple(v.shape[d] for d in dims), outside)
-    return Plan(block, grid, uniform, windows, reads, params, out_tiles)
+    return Plan(block, grid, uniform, windows, reads, params, out_tiles, reuse, cache, origins)
 
 
 # ---------------------------------------------------------------- emission
@@ -360,39 +480,110 @@ def _at(table: np.ndarray, tile):
     return [row[i] for i in range(table.shape[1])]
 
 
-def _tile_rules(plan: Plan, tile) -> dict:
-    """Rules that evaluate the block's ops on tile `tile` (an int, or a traced index for uniform tiles)."""
+def _tile_rules(plan: Plan, tile, rep: int, caches: dict) -> dict:
+    """Rules that evaluate the block's ops on tile `tile` (an int, or a traced index),
+    with the sizes and params of tile `rep` (a tile of the same shapes). With
+    `plan.reuse`, `caches` holds each cached value's columns kept from the previous
+    tile; the rules replace them with this tile's last columns."""
     ops = {id(op.eqn): op for op in plan.block.ops}
     static = isinstance(tile, int)
-    row = tile if static else 0  # uniform tiles share sizes and params
 
     def emit(eqn, *invals):
         op = ops[id(eqn)]
-        out = plan.windows[op.outs[0]][row]
-        if any(w.size == 0 for w in out):  # a tile of padding only: nothing to compute
+        out = plan.windows[op.outs[0]][rep]
+        if any(w.size == 0 for w in out):  # a tile of padding only, or nothing new: nothing to compute
             shape = list(eqn.outvars[0].aval.shape)
             for d, w in zip(plan.block.axes[op.outs[0]], out):
                 shape[d] = w.size
-            zeros = [jnp.zeros(shape, v.aval.dtype) for v in eqn.outvars]
-            return zeros if eqn.primitive.multiple_results else zeros[0]
-        operands = list(invals)
-        for j, x in enumerate(invals):
-            read = plan.reads.get((op.index, j))
-            if read is None:
-                continue
-            sizes = [w.size for w in read.windows[row]]
-            if read.outside and not static:
-                x = _gather(x, read.dims, _at(read.starts, tile), sizes)
-            else:
-                x = _slice(x, read.dims, _at(read.starts, tile), sizes)
-            if read.fill is not None:
-                absolute = np.array([[w.start for w in ws] for ws in read.windows], np.int32)
-                x = _masked(x, read.dims, _at(absolute, tile), read.extent, read.fill(invals))
-            operands[j] = x
-        params = plan.params[op.index][row]
-        return eqn.primitive.bind(*operands, **eqn.primitive.get_bind_params(params))
+            results = [jnp.zeros(shape, v.aval.dtype) for v in eqn.outvars]
+        else:
+            operands = list(invals)
+            for j, x in enumerate(invals):
+                read = plan.reads.get((op.index, j))
+                if read is None:
+                    continue
+                sizes = [w.size for w in read.windows[rep]]
+                inside = op.ins[j] in plan.windows and not plan.uniform  # at the same place in every such tile
+                starts = _at(read.starts, rep if inside else tile)
+                if read.outside and not static:
+                    x = _gather(x, read.dims, starts, sizes)
+                else:
+                    x = _slice(x, read.dims, starts, sizes)
+                if read.fill is not None:
+                    absolute = np.array([[w.start for w in ws] for ws in read.windows], np.int32)
+                    x = _masked(x, read.dims, _at(absolute, tile), read.extent, read.fill(invals))
+                operands[j] = x
+            params = plan.params[op.index][rep]
+            results = eqn.primitive.bind(*operands, **eqn.primitive.get_bind_params(params))
+            results = results if eqn.primitive.multiple_results else [results]
+        for i, v in enumerate(op.outs):
+            if v in plan.cache:
+                results[i] = _reuse(plan, v, results[i], tile, caches)
+        return results if eqn.primitive.multiple_results else results[0]
 
     return {op.primitive: emit for op in plan.block.ops}
+
+
+def _reuse(plan: Plan, v: Value, fresh, tile, caches: dict):
+    """`fresh` (the part of `v` this tile computed) with the rows and columns kept from
+    earlier tiles in front: above, from the line buffer `caches[v, 0]` (the last rows
+    of the row of tiles above, full width); left, from `caches[v, last]` (the last
+    columns of the tile before). Both caches are updated for the tiles after."""
+    widths, axes, x = plan.cache[v], _reused_axes(plan.grid), fresh
+    dims = [plan.block.axes[v][a] for a in axes]
+    n = list(plan.cache).index(v)  # caches are keyed (n, axis): a pytree needs sortable keys
+    if len(axes) == 2 and widths[0]:
+        starts = np.array([[ws[1].start] for ws in plan.windows[v]], np.int32)
+        (col,) = _at(starts, tile)
+        line = caches[n, 0]
+        x = lax.concatenate([lax.dynamic_slice_in_dim(line, col, x.shape[dims[1]], dims[1]), x], dims[0])
+        bottom = lax.slice_in_dim(x, x.shape[dims[0]] - widths[0], None, axis=dims[0])
+        caches[n, 0] = lax.dynamic_update_slice_in_dim(line, bottom, col, dims[1])
+    a, d = axes[-1], dims[-1]
+    if widths[a]:
+        x = lax.concatenate([caches[n, a], x], d)
+        caches[n, a] = lax.slice_in_dim(x, x.shape[d] - widths[a], None, axis=d)
+    return x
+
+
+def _same(a, b) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # params holding arrays: treat as different
+        return False
+
+
+def _classes(keys: list) -> tuple[list[int], list[int]]:
+    """The class of each of `keys` (equal keys, one class) and each class's first index."""
+    classes, reps = [], []
+    for i, key in enumerate(keys):
+        c = next((c for c, r in enumerate(reps) if _same(keys[r], key)), None)
+        if c is None:
+            c = len(reps)
+            reps.append(i)
+        classes.append(c)
+    return classes, reps
+
+
+def _switch(classes: list[int], i, branches: list, *args):
+    """`branches[classes[i]](*args)` for a traced `i`."""
+    if len(branches) == 1:
+        return branches[0](*args)
+    return lax.switch(jnp.asarray(classes, jnp.int32)[i], branches, *args)
+
+
+def _shapes(plan: Plan, k: int) -> tuple:
+    """What must agree for two tiles to share one loop body: window sizes, params,
+    and the positions of reads inside the block's own values."""
+    key = [tuple(w.size for w in ws[k]) for ws in plan.windows.values()]
+    key += [tuple(plan.params[op.index][k].items()) for op in plan.block.ops]
+    ops = {op.index: op for op in plan.block.ops}
+    for (i, j), read in plan.reads.items():
+        inside = ops[i].ins[j] in plan.windows
+        key.append((tuple(w.size for w in read.windows[k]), tuple(read.starts[k]) if inside else None))
+    for v, tiles in plan.out_tiles.items():
+        key.append(tuple((w.size, w.start - o) for w, o in zip(tiles[k], plan.origins[v][k])))
+    return tuple(key)
 
 
 def _piece(eqns: list, outvars: list | None = None, invars: list | None = None) -> jcore.Jaxpr:
@@ -426,7 +617,7 @@ class _Tiled:
         self.closed, self.mesh = closed, mesh
         g = Graph.of(closed)
         block = select_block(g, len(grid), until)
-        self.plan = make_plan(block, tuple(grid), uniform=mode == "loop")
+        self.plan = make_plan(block, tuple(grid), uniform=mesh is not None, reuse=mode == "loop" and mesh is None)
         self.mode = mode
         self.head = _piece([op.eqn for op in block.head])
         self.body = _piece([op.eqn for op in block.ops], [v.var for v in block.outputs],
@@ -443,21 +634,20 @@ class _Tiled:
         _run_piece(self.tail, env)
         return [v.val if isinstance(v, jcore.Literal) else env[v] for v in jaxpr.outvars]
 
-    def _tile(self, tile, externals) -> list:
-        """The output tiles of one tile of the block."""
+    def _tile(self, tile, externals, rep: int, caches: dict | None = None) -> list:
+        """The output tiles of one tile of the block (see `_tile_rules`)."""
         plan = self.plan
-        values = eval_jaxpr(self.body, [], *externals, rules=_tile_rules(plan, tile))
+        values = eval_jaxpr(self.body, [], *externals, rules=_tile_rules(plan, tile, rep, caches or {}))
         out = []
         for v, x in zip(plan.block.outputs, values):
-            rows = np.array([[w.start - h.start for w, h in zip(plan.out_tiles[v][k], plan.windows[v][k])]
+            rows = np.array([[w.start - o for w, o in zip(plan.out_tiles[v][k], plan.origins[v][k])]
                              for k in range(plan.tiles)], np.int32)
-            k = tile if isinstance(tile, int) else 0
-            out.append(_slice(x, plan.block.axes[v], _at(rows, tile), [w.size for w in plan.out_tiles[v][k]]))
+            out.append(_slice(x, plan.block.axes[v], _at(rows, rep), [w.size for w in plan.out_tiles[v][rep]]))
         return out
 
     def _unrolled(self, externals) -> list:
         plan = self.plan
-        tiles = [self._tile(k, externals) for k in range(plan.tiles)]
+        tiles = [self._tile(k, externals, k) for k in range(plan.tiles)]
         outs = []
         for i, v in enumerate(plan.block.outputs):
             pieces = [t[i] for t in tiles]
@@ -480,10 +670,80 @@ class _Tiled:
     def _empty(self) -> list:
         return [jnp.zeros(v.shape, v.dtype) for v in self.plan.block.outputs]
 
+    def _caches(self, axis: int, rep: int) -> dict:
+        """Zero caches along grid axis `axis`, shaped for tiles like `rep`: line buffers
+        (full width) for the rows, left caches for the columns."""
+        plan, out = self.plan, {}
+        last = _reused_axes(plan.grid)[-1]
+        for n, (v, widths) in enumerate(plan.cache.items()):
+            if widths[axis]:
+                shape = list(v.shape)
+                rows = [w.size + n for w, n in zip(plan.windows[v][rep], widths)]
+                for a, d in enumerate(plan.block.axes[v]):
+                    shape[d] = widths[a] if a == axis else (rows[a] if axis == last else v.shape[d])
+                out[n, axis] = jnp.zeros(shape, v.dtype)
+        return out
+
     def _looped(self, externals) -> list:
-        return lax.fori_loop(
-            0, self.plan.tiles, lambda k, bufs: self._write(bufs, self._tile(k, externals), k), self._empty()
-        )
+        """A `fori_loop` over rows of tiles (all grid axes but the last), and in each row
+        one over its tiles left to right; the caches ride in the loops' carries. Tiles
+        of one shape (all but the first and last along an axis, typically) share one
+        branch of a `lax.switch`, so the program does not grow with the tile count, and
+        every tile runs inside the loops, one at a time (XLA cannot hoist or interleave
+        tiles)."""
+        plan = self.plan
+        cols, last = plan.grid[-1], _reused_axes(plan.grid)[-1]
+        keys = [_shapes(plan, k) for k in range(plan.tiles)]
+        row_class, row_reps = _classes([keys[r * cols : (r + 1) * cols] for r in range(plan.tiles // cols)])
+
+        def row_branch(r0: int):
+            col_class, col_reps = _classes(keys[r0 * cols : (r0 + 1) * cols])
+
+            def tile_branch(rep: int):
+                def run(r, j, caches):
+                    caches = dict(caches)
+                    pieces = self._tile(r * cols + j, externals, rep, caches)
+                    return pieces, caches
+
+                return run
+
+            branches = [tile_branch(r0 * cols + j0) for j0 in col_reps]
+
+            def body(r, j, carry):
+                strips, caches = carry
+                pieces, caches = _switch(col_class, j, branches, r, j, caches)
+                return [lax.dynamic_update_index_in_dim(s, p, j, 0) for s, p in zip(strips, pieces)], caches
+
+            def run(r, lines):
+                carry = (self._strips(), lines | self._caches(last, r0 * cols))
+                strips, caches = lax.fori_loop(0, cols, functools.partial(body, r), carry)
+                return strips, {key: c for key, c in caches.items() if key in lines}
+
+            return run
+
+        def write(r, j, bufs, strips):
+            return self._write(bufs, [s[j] for s in strips], r * cols + j)
+
+        def row(r, carry):
+            # The output stays out of the switch (a buffer through a branch is copied):
+            # a row's tiles come back stacked (all looped tiles have one output shape).
+            bufs, lines = carry
+            strips, lines = _switch(row_class, r, branches, r, lines)
+            return lax.fori_loop(0, cols, lambda j, b: write(r, j, b, strips), bufs), lines
+
+        branches = [row_branch(r0) for r0 in row_reps]
+        lines = self._caches(0, 0) if last else {}
+        return lax.fori_loop(0, plan.tiles // cols, row, (self._empty(), lines))[0]
+
+    def _strips(self) -> list:
+        """Zeros for one row of looped output tiles, stacked."""
+        plan, out = self.plan, []
+        for v in plan.block.outputs:
+            shape = list(v.shape)
+            for d, w in zip(plan.block.axes[v], plan.out_tiles[v][0]):
+                shape[d] = w.size
+            out.append(jnp.zeros((plan.grid[-1], *shape), v.dtype))
+        return out
 
     def _sharded(self, externals) -> list:
         from jax.sharding import NamedSharding
@@ -495,7 +755,7 @@ class _Tiled:
         def local(*ext):
             first = lax.axis_index(names) * per_device
             ids = jnp.minimum(first + jnp.arange(per_device, dtype=jnp.int32), self.plan.tiles - 1)
-            return lax.map(lambda k: self._tile(k, list(ext)), ids)
+            return lax.map(lambda k: self._tile(k, list(ext), 0), ids)
 
         # check_vma=False: a tile mixes its device-varying window with replicated weights
         stacked = jax.shard_map(local, mesh=self.mesh, in_specs=(P(),) * len(externals), out_specs=P(names),

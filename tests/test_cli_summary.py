@@ -92,3 +92,22 @@ def test_summary_fills_symbolic_onnx_dims_from_batch_and_size(jtile_cmd, tmp_pat
     data = json.loads(out)
     assert code == 0 and data["input_bytes"] == 4 * 2 * 3 * 8 * 8
     assert data["macs"] == 2 * 2 * 6 * 6 * 27
+
+
+def test_summary_spatial_reports_the_tiled_peak_and_recompute(jtile_cmd):
+    import jax
+
+    import jtile
+
+    _, plain, _ = jtile_cmd("summary", "mobilenet_v2", "--json", "--size", "64")
+    code, tiled, _ = jtile_cmd("summary", "mobilenet_v2", "--json", "--size", "64", "--spatial", "4x4")
+    assert code == 0
+    plain, tiled = json.loads(plain), json.loads(tiled)
+    model = jax.eval_shape(lambda: jtile.models.get("mobilenet_v2"))
+    x = jax.ShapeDtypeStruct((1, 3, 64, 64), np.float32)
+    fn = jtile.tile_spatial(lambda m, x: m(x), grid=(4, 4), until="features.4")  # MCUNetV2's block
+    expected = jtile.summary(fn, model, x)
+    assert tiled["peak_bytes"] == expected.peak_bytes == jtile.graph(fn, model, x).peak_bytes()
+    assert tiled["peak_bytes"] < plain["peak_bytes"] and tiled["macs_ratio"] > 1.0
+    code, _, err = jtile_cmd("summary", "mobilenet_v2", "--spatial", "four")
+    assert code == 2 and "--spatial takes RxC" in err

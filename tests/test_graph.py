@@ -4,6 +4,7 @@ import numpy as np
 from jax import lax
 
 import jtile
+from jtile._interpreter import make_jaxpr
 
 
 def _conv(x, w):
@@ -103,3 +104,57 @@ def test_a_swapped_layer_is_still_a_conv2d(getkey):
     assert op.macs["conv"] == 16 * 16 * 8 * 3 * 9
     _, acts = jtile.intercept(swapped, params, x, select=lambda layer: layer.kind == "conv2d")
     assert list(acts) == ["conv1"]
+
+
+def _brute_force_peak(f, *args) -> int:
+    """The most bytes of activations alive at once, straight from a flat jaxpr: at
+    each equation, every result made so far that some later (or this) equation still
+    reads, or the function returns. An activation is a result reached from `args[-1]`."""
+    jaxpr = make_jaxpr(f, *args).jaxpr  # jit and custom_jvp calls inlined
+    assert not any(list(jax.extend.core.jaxprs_in_params(e.params)) for e in jaxpr.eqns)  # straight-line only
+    data, made = {jaxpr.invars[-1]}, []
+    for i, e in enumerate(jaxpr.eqns):
+        if any(v in data for v in e.invars if not isinstance(v, jax.extend.core.Literal)):
+            data.update(e.outvars)
+            made += [(i, v) for v in e.outvars]
+    outs = set(v for v in jaxpr.outvars if not isinstance(v, jax.extend.core.Literal))
+    peak = 0
+    for i in range(len(jaxpr.eqns)):
+        alive = 0
+        for j, v in made:
+            readers = [k for k, e in enumerate(jaxpr.eqns) if v in e.invars]
+            if j <= i and (v in outs or max(readers, default=j) >= i):
+                alive += v.aval.size * v.aval.dtype.itemsize
+        peak = max(peak, alive)
+    return peak
+
+
+def _step(c):
+    t = jnp.sin(jnp.outer(c, c[:48]))  # two (64, 48) temporaries
+    return jnp.tanh(t).sum(1) + c * 2.0  # c read last: a control-flow operand lives through it
+
+
+def test_peak_bytes_of_straight_line_code_matches_a_brute_force_count(getkey):
+    def f(w, x):
+        y = jax.nn.relu(_conv(x, w))
+        return (y * 2 + jnp.exp(y)).sum(axis=1) + x.mean()
+
+    x, w = jax.random.normal(getkey(), (1, 3, 8, 8)), jax.random.normal(getkey(), (4, 3, 3, 3))
+    assert jtile.graph(f, w, x).peak_bytes() == _brute_force_peak(f, w, x) > 0
+
+
+def test_peak_bytes_counts_a_loop_body_once_and_the_largest_branch(getkey):
+    c = jax.random.normal(getkey(), (64,))
+
+    def looped(c):
+        c = lax.scan(lambda c, _: (_step(c), None), c, None, length=5)[0]
+        return lax.cond(c.sum() > 0, _step, lambda c: c + 1.0, c)
+
+    def straight(c):  # the same program unrolled, the larger branch taken
+        for _ in range(5):
+            c = _step(c)
+        _ = c.sum() > 0
+        return _step(c)
+
+    index = 4  # the cond's int32 branch index is alive while the branch runs
+    assert jtile.graph(looped, c).peak_bytes() == _brute_force_peak(straight, c) + index

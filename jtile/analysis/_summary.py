@@ -14,8 +14,10 @@ untransformed count.
     not change with the table. Bandwidth counts the layers that compute on
     the inputs (weights read included); layers that only reshape weights are
     left out, as XLA folds them into constants. Activation memory is the sum of every layer's
-    output bytes (what torchinfo calls the forward pass size), not the peak
-    of a schedule: ask `jtile.schedule` for that.
+    output bytes (what torchinfo calls the forward pass size); `peak_bytes` is
+    the most bytes alive at once in program order (`jtile.Graph.peak_bytes`,
+    control-flow bodies included, so a `tile_spatial` loop counts one tile's
+    intermediates), not XLA's own buffer assignment (`memory_analysis()`).
 """
 
 import dataclasses
@@ -74,6 +76,7 @@ class Summary:
     input_bytes: int
     macs_by_category: dict[str, int]
     activation_bytes: int
+    peak_bytes: int
     peak_bandwidth_bytes: int
     peak_bandwidth_layer: str
     bandwidth_bytes: int
@@ -217,6 +220,7 @@ def summary(fn: Callable, *args, depth: int | None = None, params=None, **kwargs
         input_bytes=sum(v.nbytes for v in graph.inputs if v.role == "input" and v.consumers),
         macs_by_category={k: macs.get(k, 0) for k in CATEGORIES},
         activation_bytes=sum(v.nbytes for r in computing for v in r.outputs if v.data),
+        peak_bytes=graph.peak_bytes(),
         peak_bandwidth_bytes=max(traffic)[0],
         peak_bandwidth_layer=max(traffic)[1],
         bandwidth_bytes=sum(t for t, _ in traffic),
@@ -284,6 +288,7 @@ def _render(s: Summary) -> str:
         f"Input size (MB): {_mb(s.input_bytes)}",
         f"Params size (MB): {_mb(s.weight_bytes)}",
         f"Activation memory, sum of outputs (MB): {_mb(s.activation_bytes)}",
+        f"Peak live activations, program order (MB): {_mb(s.peak_bytes)}",
         f"Total activation bandwidth (MB): {_mb(s.bandwidth_bytes)}",
         f"Peak layer bandwidth (MB): {_mb(s.peak_bandwidth_bytes)} ({s.peak_bandwidth_layer})",
     ]

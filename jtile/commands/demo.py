@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spatial", default=None, metavar="RxC",
                         help="instead, tile_spatial the first stages on a RxC grid and show the peak memory")
     parser.add_argument("--until", default=None,
-                        help="with --spatial: last tiled layer (default: features.3 for mobilenet_v2)")
+                        help="with --spatial: last tiled layer (default: features.4 for mobilenet_v2, MCUNetV2's block)")
 
 
 def _peak(fn, *args) -> int:
@@ -51,7 +51,7 @@ def _spatial(args, model, x, apply) -> int:
     except ValueError:
         print(f"jtile demo: --spatial takes RxC, e.g. 4x4, got {args.spatial!r}", file=sys.stderr)
         return 2
-    until = args.until or ("features.3" if args.model == "mobilenet_v2" else None)
+    until = args.until or ("features.4" if args.model == "mobilenet_v2" else None)
     if until and until.startswith("features.") and until[9:].isdigit() and hasattr(model, "features"):
         last = int(until[9:])
         print(f"  the model's first stages: features.0 to {until}")
