@@ -129,9 +129,11 @@ def _per_channel(bias, axis: int, channels: int) -> bool:
 
 _ACTIVATIONS = {
     (): lambda: {},
-    ("relu",): lambda: {"activation": "relu"},
     ("clip",): lambda lo, hi: {"activation": "clip", "clip": (lo, hi)},
     ("leaky_relu",): lambda alpha: {"activation": "leaky_relu", "alpha": alpha},
+    **{(kind,): lambda kind=kind: {"activation": kind} for kind in ("relu", "sigmoid", "silu", "gelu", "gelu_tanh")},
+    **{(kind,): lambda alpha, beta, kind=kind: {"activation": kind, "alpha": alpha, "beta": beta}
+       for kind in ("hard_sigmoid", "hard_swish")},
 }
 
 

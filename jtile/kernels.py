@@ -70,6 +70,7 @@ from jax import lax
 
 from . import _registry
 from ._errors import ConfigError, KernelsUnavailableWarning, UnsupportedError
+from ._fused import activate
 from ._interpreter import eager_if_known, is_known, shared
 from ._regions import SlidingWindow
 
@@ -96,7 +97,9 @@ _TARGETS: dict[str, str] = {
 # ----------------------------------------------------------------- epilogues
 
 # Activation name -> code understood by the kernels (kernels/common.h).
-_ACTIVATIONS = {None: 0, "relu": 1, "relu6": 2, "clip": 2, "leaky_relu": 3}
+_ACTIVATIONS = {None: 0, "relu": 1, "relu6": 2, "clip": 2, "leaky_relu": 3, "sigmoid": 4, "silu": 5,
+                "hard_sigmoid": 6, "hard_swish": 7, "gelu": 8, "gelu_tanh": 9}
+_HARD = ("hard_sigmoid", "hard_swish")  # clip(alpha * y + beta, 0, 1), beta travels as clip_lo
 
 
 def _clip_bounds(activation: str | None, clip: Sequence[float]) -> tuple[float, float]:
@@ -109,8 +112,8 @@ def _check_activation(where: str, activation: str | None) -> None:
         raise ConfigError(f"{where}: unknown activation {activation!r}; valid ones are {names}")
 
 
-def _epilogue_attrs(activation: str | None, alpha: float, clip: Sequence[float]) -> dict:
-    lo, hi = _clip_bounds(activation, clip)
+def _epilogue_attrs(activation: str | None, alpha: float, beta: float, clip: Sequence[float]) -> dict:
+    lo, hi = (beta, 1.0) if activation in _HARD else _clip_bounds(activation, clip)
     return dict(
         activation=np.int64(_ACTIVATIONS[activation]),
         alpha=np.float32(alpha),
@@ -119,17 +122,27 @@ def _epilogue_attrs(activation: str | None, alpha: float, clip: Sequence[float])
     )
 
 
-def activation_reference(y: jax.Array, activation: str | None, alpha: float = 0.0,
-                         clip: Sequence[float] = (0.0, 6.0)) -> jax.Array:
-    """The jnp meaning of a fused activation: None, relu, relu6, clip(lo, hi), leaky_relu(alpha)."""
-    _check_activation("activation_reference", activation)
-    if activation == "relu":
-        return jax.nn.relu(y)
-    if activation == "leaky_relu":
-        return jax.nn.leaky_relu(y, alpha)
+def activation_tuple(activation: str | None, alpha: float = 0.0, beta: float = 0.0,
+                     clip: Sequence[float] = (0.0, 6.0)) -> tuple:
+    """A named activation and its parameters as a `jtile._fused` activation tuple."""
+    _check_activation("activation", activation)
+    if activation is None:
+        return ()
     if activation in ("relu6", "clip"):
-        return jnp.clip(y, *_clip_bounds(activation, clip))
-    return y
+        return ("clip", *_clip_bounds(activation, clip))
+    if activation == "leaky_relu":
+        return ("leaky_relu", float(alpha))
+    if activation in _HARD:
+        return (activation, float(alpha), float(beta))
+    return (activation,)
+
+
+def activation_reference(y: jax.Array, activation: str | None, alpha: float = 0.0,
+                         clip: Sequence[float] = (0.0, 6.0), beta: float = 0.0) -> jax.Array:
+    """The jnp meaning of a fused activation: None, relu, relu6, clip(lo, hi),
+    leaky_relu(alpha), sigmoid, silu, hard_sigmoid / hard_swish (`clip(alpha * y
+    + beta, 0, 1)`, times y for hard_swish), gelu (erf), gelu_tanh."""
+    return activate(y, activation_tuple(activation, alpha, beta, clip))
 
 
 # ------------------------------------------------------------------ loading
@@ -397,7 +410,7 @@ def _any_conv(spec: ConvSpec) -> str | None:
 def conv2d_reference(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
                      stride: Pair = (1, 1), padding: Padding = ((0, 0), (0, 0)),
                      dilation: Pair = (1, 1), groups: int = 1, activation: str | None = None,
-                     alpha: float = 0.0, clip: Sequence[float] = (0.0, 6.0),
+                     alpha: float = 0.0, beta: float = 0.0, clip: Sequence[float] = (0.0, 6.0),
                      residual: jax.Array | None = None) -> jax.Array:
     """`conv2d` in `lax`: NCHW x, OIHW w, optional bias (O,) and residual, fused activation."""
     y = lax.conv_general_dilated(
@@ -409,7 +422,7 @@ def conv2d_reference(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
         y = y + b[None, :, None, None]
     if residual is not None:
         y = y + residual
-    return activation_reference(y, activation, alpha, clip)
+    return activation_reference(y, activation, alpha, clip, beta)
 
 
 def conv2d_support(algorithm: str, *, x_shape: Sequence[int], w_shape: Sequence[int],
@@ -428,7 +441,7 @@ def conv2d_support(algorithm: str, *, x_shape: Sequence[int], w_shape: Sequence[
 
 def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm: str = "direct",
            stride: Pair = (1, 1), padding: Padding = ((0, 0), (0, 0)), dilation: Pair = (1, 1),
-           groups: int = 1, activation: str | None = None, alpha: float = 0.0,
+           groups: int = 1, activation: str | None = None, alpha: float = 0.0, beta: float = 0.0,
            clip: Sequence[float] = (0.0, 6.0), residual: jax.Array | None = None) -> jax.Array:
     """2-D convolution by the C kernel `algorithm`, with bias, residual and activation fused.
 
@@ -436,7 +449,8 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
     `residual`, of the output's shape, is added before the activation (fused
     in "smm" and "winograd", added in jnp after the others); `activation` one
     of None, "relu", "relu6", "clip" (to `clip=(lo, hi)`), "leaky_relu"
-    (slope `alpha`). Raises `UnsupportedError` naming why if the algorithm
+    (slope `alpha`), "sigmoid", "silu", "hard_sigmoid" / "hard_swish"
+    (`clip(alpha * y + beta, 0, 1)`), "gelu", "gelu_tanh". Raises `UnsupportedError` naming why if the algorithm
     cannot run this layer (see `conv2d_support`).
     """
     _check_activation("conv2d", activation)
@@ -456,11 +470,11 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
                           f"got {jnp.shape(residual)}")
     if residual is not None and not algo.residual:
         y = conv2d(x, w, b, algorithm=algorithm, **config)
-        return activation_reference(y + residual, activation, alpha, clip)
+        return activation_reference(y + residual, activation, alpha, clip, beta)
     (pt, pb), (pl, pr) = spec.padding
     attrs = dict(
         conv=np.array([*spec.stride, pt, pb, pl, pr, *spec.dilation, spec.groups], np.int64),
-        **_epilogue_attrs(activation, alpha, clip),
+        **_epilogue_attrs(activation, alpha, beta, clip),
     )
     out = jax.ShapeDtypeStruct(spec.out_shape, jnp.float32)
     b = jnp.zeros(spec.w_shape[0], jnp.float32) if b is None else b
@@ -475,7 +489,7 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
         return _call(algo.target, out, x, weight, b, *res, vmap_method="sequential", **attrs, **extra)
 
     def reference(x, w, b, *res):
-        return conv2d_reference(x, w, b, **config, activation=activation, alpha=alpha, clip=clip,
+        return conv2d_reference(x, w, b, **config, activation=activation, alpha=alpha, beta=beta, clip=clip,
                                 residual=res[0] if res else None)
 
     operands = (x, w, b) if residual is None else (x, w, b, residual)
@@ -588,13 +602,13 @@ register_conv_algorithm("depthwise", "jtile_conv_depthwise", "JtileConvDepthwise
 
 
 def dense_reference(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
-                    activation: str | None = None, alpha: float = 0.0,
+                    activation: str | None = None, alpha: float = 0.0, beta: float = 0.0,
                     clip: Sequence[float] = (0.0, 6.0), transpose_w: bool = False) -> jax.Array:
     """`act(x @ w + b)` in jnp (`x @ w.T` if `transpose_w`)."""
     y = jnp.dot(x, w.T if transpose_w else w, precision=lax.Precision.HIGHEST)
     if b is not None:
         y = y + b
-    return activation_reference(y, activation, alpha, clip)
+    return activation_reference(y, activation, alpha, clip, beta)
 
 
 # Rows below which `dense` streams its weight in place (matrix-vector paths)
@@ -608,7 +622,7 @@ GEMV_ROWS = {"known": 8, "traced": 17}
 
 
 def dense(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
-          activation: str | None = None, alpha: float = 0.0,
+          activation: str | None = None, alpha: float = 0.0, beta: float = 0.0,
           clip: Sequence[float] = (0.0, 6.0), transpose_w: bool = False) -> jax.Array:
     """`act(x @ w + b)` by the C kernel: x `(M, K)`, w `(K, N)`, b `(N,)` or None.
 
@@ -629,7 +643,7 @@ def dense(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
     if b is not None and jnp.shape(b) != (n,):
         raise ConfigError(f"dense: bias must have shape ({n},), got {jnp.shape(b)}")
     packed = m >= GEMV_ROWS["known" if is_known(w) else "traced"]
-    attrs = dict(_epilogue_attrs(activation, alpha, clip), transpose_w=np.int64(bool(transpose_w)),
+    attrs = dict(_epilogue_attrs(activation, alpha, beta, clip), transpose_w=np.int64(bool(transpose_w)),
                  packed=np.int64(packed))
     out = jax.ShapeDtypeStruct((m, n), jnp.float32)
     b = jnp.zeros(n, jnp.float32) if b is None else b
@@ -640,7 +654,7 @@ def dense(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
         return _call("jtile_dense", out, x, weight, b, vmap_method="sequential", **attrs)
 
     def reference(x, w, b):
-        return dense_reference(x, w, b, activation=activation, alpha=alpha, clip=clip,
+        return dense_reference(x, w, b, activation=activation, alpha=alpha, beta=beta, clip=clip,
                                transpose_w=transpose_w)
 
     return _with_reference_vjp(kernel, reference, derived=1)(x, w, b, weight)

@@ -113,6 +113,7 @@ class _Chain:
     shift: object = None
     activation: tuple | None = None
     residual: object = None
+    literal: float = 0.0  # scalar literals added to the chain (a bias too, kept apart to spot hard gates)
 
 
 def _as_dtype(value, dtype):
@@ -181,25 +182,114 @@ def _clip_step(activation: tuple, name: str, pos: int, consts: tuple) -> tuple |
     return ("relu",) if (lo, hi) == (0.0, math.inf) else ("clip", lo, hi)
 
 
-def _leaky_users(users: list, consts: dict, all_users: dict) -> bool:
-    """`where(y >= 0, y, alpha * y)`: `ge(y, 0)`, `mul(y, alpha)` and a `select_n`
-    taking both results and `y`, with nothing else using either result."""
-    by_name = {eqn.primitive.name: (eqn, pos, outs) for eqn, pos, outs in users}
-    if len(users) != 3 or set(by_name) != {"ge", "mul", "select_n"}:
+_BRANCH_OPS = 8  # most ops on one branch of an activation (ONNX HardSwish has 4, leaky relu 1)
+
+
+def _branches_meet(users: list, consts: dict, all_users: dict) -> bool:
+    """The uses of a chain `y` are the branches of one activation: each runs
+    through ops whose other operands are scalar literals (each result used
+    once), and all end in one join, a `mul` or `select_n` (`y * sigmoid(y)`,
+    `y * clip(y / 6 + 0.5, 0, 1)`, `where(y >= 0, y, alpha * y)`)."""
+    paths = []
+    for eqn, _, outs in users:
+        path = [eqn]
+        while len(outs) == 1 and len(all_users.get(outs[0], ())) == 1 and len(path) <= _BRANCH_OPS:
+            ((eqn, _, outs),) = all_users[outs[0]]
+            path.append(eqn)
+        paths.append(path)
+    ids = [[id(e) for e in path] for path in paths]
+    join = next((e for e in paths[0] if all(id(e) in i for i in ids)), None)
+    if join is None or join.primitive.name not in ("mul", "select_n"):
         return False
-    (ge, gpos, gouts), (mul, mpos, mouts) = by_name["ge"], by_name["mul"]
-    select, spos, souts = by_name["select_n"]
-    return (
-        gpos == 0 and consts[id(ge)][1] == 0.0 and consts[id(mul)][1 - mpos] is not None
-        and spos == 2 and len(select.invars) == 3
-        and all_users[gouts[0]] == [(select, 0, souts)] and all_users[mouts[0]] == [(select, 1, souts)]
-    )
+    return all(sum(c is None for c in consts[id(e)]) == 1
+               for path, i in zip(paths, ids) for e in path[: i.index(id(join))])
+
+
+def _unwind(state):
+    """`(chain, [(primitive, pos, consts), ...])`: the chain a run of deferred
+    ops starts from, and the ops in order, or None if it is not one run."""
+    ops = []
+    while isinstance(state, Deferred):
+        pending = [(i, x) for i, x in enumerate(state.invals) if isinstance(x, Pending)]
+        if len(pending) != 1:
+            return None
+        ((pos, value),) = pending
+        ops.append((state.eqn.primitive.name, pos, state.consts))
+        state = value.state
+    return (state, ops[::-1]) if isinstance(state, _Chain) else None
+
+
+def _hard_sigmoid(state):
+    """The chain whose activation is `clip(alpha * y + beta, 0, 1)` if `state`
+    computes that (an affine map, one clip, an affine map, in any form:
+    `clip(y * alpha + beta, 0, 1)` as ONNX HardSigmoid lowers,
+    `relu6(y + 3) / 6` as `jax.nn.hard_sigmoid` writes it), else None."""
+    unwound = _unwind(state)
+    if unwound is None:
+        return None
+    chain, ops = unwound
+    act = chain.activation
+    if act not in ((), ("relu",)) and act[0] != "clip":
+        return None
+    (a, b), (p, q) = (1.0, chain.literal), (1.0, 0.0)  # clip(a y + b, lo, hi) * p + q
+    clipped = bool(act)
+    lo, hi = {(): (-math.inf, math.inf), ("relu",): (0.0, math.inf)}.get(act, act[1:])
+    for name, pos, consts in ops:
+        c = consts[1 - pos] if name != "clamp" else None
+        if name in ("max", "min", "clamp"):
+            if (p, q) != (1.0, 0.0):  # a second clip
+                return None
+            clipped = True
+            if name == "max":
+                lo = max(lo, c)
+            elif name == "min":
+                hi = min(hi, c)
+            else:
+                lo, hi = max(lo, consts[0]), min(hi, consts[2])
+            continue
+        if name == "mul":
+            scale, shift = c, 0.0
+        elif name == "div" and pos == 0:
+            scale, shift = 1.0 / c, 0.0
+        elif name == "add":
+            scale, shift = 1.0, c
+        else:
+            return None
+        if clipped:
+            p, q = p * scale, q * scale + shift
+        else:
+            a, b = a * scale, b * scale + shift
+    if not (math.isfinite(lo) and math.isfinite(hi)) or p <= 0:
+        return None
+    if abs(p * lo + q) > 1e-6 or abs(p * hi + q - 1.0) > 1e-6:
+        return None
+    return dataclasses.replace(chain, literal=0.0, activation=("hard_sigmoid", p * a, p * b + q))
+
+
+def _same_value(a, b) -> bool:
+    """Whether two chains are one op's value before their literal and activation."""
+    return all(getattr(a, f) is getattr(b, f) for f in ("eqn", "invals", "scale", "shift", "residual"))
+
+
+def _swish(states: dict):
+    """`y * gate(y)` over one chain `y`: silu from sigmoid, hard_swish from hard_sigmoid."""
+    if len(states) != 2 or not all(isinstance(s, _Chain) for s in states.values()):
+        return None
+    y, gate = sorted(states.values(), key=lambda s: bool(s.activation))
+    if y.activation or not gate.activation or not _same_value(y, gate):
+        return None
+    if gate.activation == ("sigmoid",) and gate.literal == y.literal:
+        return dataclasses.replace(y, activation=("silu",))
+    if gate.activation[0] == "hard_sigmoid":
+        alpha, beta = gate.activation[1:]
+        return dataclasses.replace(y, activation=("hard_swish", alpha, beta + alpha * (gate.literal - y.literal)))
+    return None
 
 
 class BiasAct(ChainRecipe):
     """conv_bias_act / dense: `op -> add(bias) -> activation`, one fused op."""
 
-    continues = frozenset({"add", "max", "min", "clamp", "ge", "mul", "select_n"})
+    continues = frozenset({"add", "max", "min", "clamp", "ge", "mul", "div", "select_n", "logistic"})
 
     def __init__(self, start: str):
         self.starts = frozenset({start})
@@ -207,16 +297,21 @@ class BiasAct(ChainRecipe):
 
     def accepts(self, eqn, pos, consts):
         name = eqn.primitive.name
+        floating = _floating(eqn.outvars[0].aval)
         if name == "add":
             return _per_axis_operand(eqn, pos) or (self._residuals and _full_operand(eqn, pos))
         if name in ("max", "min"):
-            return consts[1 - pos] is not None and _floating(eqn.outvars[0].aval)
+            return consts[1 - pos] is not None and floating
         if name == "select_n":  # the two halves of a leaky relu
             return pos in (0, 1) and len(eqn.invars) == 3
+        if name in ("logistic", "mul"):  # a sigmoid, a scale, or the join of a swish
+            return floating
+        if name == "div":
+            return pos == 0 and consts[1] is not None and floating
         return name == "clamp" and pos == 1 and None not in (consts[0], consts[2])
 
     def accepts_users(self, users, consts, all_users):
-        return _leaky_users(users, consts, all_users)
+        return _branches_meet(users, consts, all_users)
 
     def start(self, eqn, invals):
         return _Chain(eqn, tuple(invals), activation=())
@@ -225,20 +320,32 @@ class BiasAct(ChainRecipe):
         name = eqn.primitive.name
         if name == "select_n":
             return self._leaky(states, consts)
+        if name == "mul" and len(states) == 2:
+            return _swish(states)
         if name == "add" and len(states) == 2:  # two chains meet: a shortcut, for convs only
             return self._residual(states[0], invals[1], eqn) if self._residuals else None
-        if len(states) != 1 or isinstance(next(iter(states.values())), Deferred):
+        if len(states) != 1:
             return None
         ((pos, chain),) = states.items()
-        if name in ("ge", "mul"):
-            return Deferred(eqn, tuple(invals), consts) if consts[1 - pos] is not None else None
+        if isinstance(chain, Deferred) or name in ("ge", "mul", "div"):
+            # an op on one branch of an activation: held back until the branches meet
+            if name not in self.continues - {"select_n", "logistic"} or None in consts[:pos] + consts[pos + 1:]:
+                return None
+            deferred = Deferred(eqn, tuple(invals), consts)
+            return _hard_sigmoid(deferred) or deferred
+        if name == "logistic":
+            return None if chain.activation else dataclasses.replace(chain, activation=("sigmoid",))
         if name == "add":
             ndim = chain.eqn.outvars[0].aval.ndim
             c = invals[1 - pos]
             if self._residuals and _full_operand(eqn, pos):
                 return self._residual(chain, c, eqn)
+            if chain.activation:
+                return None
+            if consts[1 - pos] is not None:
+                return dataclasses.replace(chain, literal=chain.literal + consts[1 - pos])
             shift = c if chain.shift is None else chain.shift + c
-            if chain.activation or not _fits(shift, ndim, _output_axes(chain.eqn)):
+            if not _fits(shift, ndim, _output_axes(chain.eqn)):
                 return None
             return dataclasses.replace(chain, shift=shift)
         activation = _clip_step(chain.activation, name, pos, consts)
@@ -273,7 +380,8 @@ class BiasAct(ChainRecipe):
     def finish(self, chain):
         eqn, (x, w) = chain.eqn, chain.invals
         dtype = eqn.outvars[0].aval.dtype
-        bias = _as_dtype(0.0 if chain.shift is None else chain.shift, dtype)
+        shift = 0.0 if chain.shift is None else chain.shift
+        bias = _as_dtype(shift + chain.literal if chain.literal else shift, dtype)
         params = dict(eqn.params)
         params.pop("out_sharding", None)
         if eqn.primitive.name == "conv_general_dilated":
