@@ -159,6 +159,69 @@ def test_conv_bias_act_one_op(conv_params, tree_allclose, act, expected):
     assert _same(fused, model, conv_params, x, tree_allclose=tree_allclose, rtol=1e-5, atol=1e-5)
 
 
+def _onnx_hard_sigmoid(y, alpha):
+    """As the ONNX importer lowers HardSigmoid (HardSwish is alpha 1/6)."""
+    return jnp.clip(y * np.float32(alpha) + np.float32(0.5), 0, 1).astype(y.dtype)
+
+
+_SIXTH = float(np.float32(1 / 6))
+
+
+@pytest.mark.parametrize(
+    "act, expected",
+    [
+        (jax.nn.sigmoid, ("sigmoid",)),
+        (jax.nn.silu, ("silu",)),
+        (lambda y: jax.nn.sigmoid(y) * y, ("silu",)),
+        (jax.nn.hard_sigmoid, ("hard_sigmoid", 1 / 6, 0.0)),  # the + 3 joins the bias
+        (lambda y: _onnx_hard_sigmoid(y, 0.2), ("hard_sigmoid", float(np.float32(0.2)), 0.5)),
+        (jax.nn.hard_swish, ("hard_swish", 1 / 6, 0.5)),
+        (lambda y: y * _onnx_hard_sigmoid(y, 1 / 6), ("hard_swish", _SIXTH, 0.5)),
+        (lambda y: _onnx_hard_sigmoid(y, 1 / 6) * y, ("hard_swish", _SIXTH, 0.5)),
+        (lambda y: jax.nn.hard_swish(y + 1.0), ("hard_swish", 1 / 6, 0.5)),  # 1.0 joins the bias
+        (lambda y: y * (jnp.clip((y + 1.0) * 0.25, 0.0, 0.5) * 2.0), ("hard_swish", 0.5, 0.5)),
+        (lambda y: jnp.minimum(jnp.maximum(y + 2.0, 0.0), 4.0) * 0.25, ("hard_sigmoid", 0.25, 0.0)),
+    ],
+)
+@pytest.mark.parametrize("op", ["conv", "dense"])
+def test_smooth_and_hard_activations_fuse(op, act, expected, tree_allclose):
+    x = _normal(2, 3, 8, 8) if op == "conv" else _normal(5, 12)
+    p = dict(w=_normal(6, 3, 3, 3, seed=1) if op == "conv" else _normal(12, 6, seed=1), b=3 * _normal(6, seed=2))
+    if op == "conv":
+        model = lambda p, x: act(_conv(x, p["w"]) + p["b"].reshape(1, -1, 1, 1))  # noqa: E731
+        recipe, name, shape = fusion.conv_bias_act, "conv_bias_act", (2, 6, 8, 8)
+    else:
+        model = lambda p, x: act(x @ p["w"] + p["b"])  # noqa: E731
+        recipe, name, shape = fusion.dense, "dense", (5, 6)
+    fused = recipe(model)
+    assert _activation_ops(fused, p, x, shape=shape) == {name: 1}
+    (eqn,) = [e for e in iter_eqns(make_jaxpr(fused, p, x).jaxpr) if e.primitive.name == name]
+    assert eqn.params["activation"] == pytest.approx(expected, rel=1e-7)
+    assert _same(fused, model, p, x, tree_allclose=tree_allclose, rtol=1e-5, atol=1e-5)
+    swapped = jtile.swap_backend(fused, algorithms={"conv2d": "smm", "dense": "gemm"})
+    assert _same(swapped, model, p, x, tree_allclose=tree_allclose, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "act",
+    [
+        lambda y: y * jnp.clip(y / 6 + 0.5, 0.0, 2.0),  # not a hard sigmoid: tops out at 2
+        lambda y: y * jax.nn.sigmoid(2.0 * y),  # swish with beta 2
+        lambda y: jax.nn.sigmoid(y) * jax.nn.relu(y),
+        lambda y: y * jnp.clip(y / 6 + 0.5, 0.0, 1.0) * jax.nn.sigmoid(y),
+    ],
+)
+def test_activations_not_recognised_keep_one_conv_and_the_result(act, conv_params, tree_allclose):
+    """Branches of `y` that meet but are no known activation: `y` is computed
+    once (one conv op) and the rest stays in jnp, with the same result."""
+    x = _normal(2, 3, 8, 8)
+    model = lambda p, x: act(_conv(x, p["w"]) + p["b"].reshape(1, -1, 1, 1))  # noqa: E731
+    fused = fusion.fuse(model)
+    ops = _ops(fused, conv_params, x)
+    assert ops["conv_bias_act"] + ops["conv_general_dilated"] == 1
+    assert _same(fused, model, conv_params, x, tree_allclose=tree_allclose, rtol=1e-5, atol=1e-5)
+
+
 def _residual_block(p, x, downsample: bool):
     """A ResNet basic block: conv-bias-relu, conv-bias, + shortcut, relu."""
     bias = lambda name: p[name].reshape(1, -1, 1, 1)  # noqa: E731

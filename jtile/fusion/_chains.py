@@ -12,12 +12,26 @@ params (`fold_params`) to get folded constants.
 `BiasAct` turns `op -> add(bias) -> activation` into one `conv_bias_act` or
 `dense` op. A conv chain also takes one residual before its activation: an
 `add` whose other operand has the output's shape (a ResNet shortcut), or
-another conv chain (a downsampling shortcut, finished first and added). Activations recognised: `max` with a scalar literal (relu when
-0), `min` with one, `clamp` with two (relu6, Clip), in any combination that is
-a clip; and leaky relu, `select_n(y >= 0, alpha * y, y)` (`jax.nn.leaky_relu`,
-`jnp.where` as the zoo writes it), whose three uses of `y` the plan accepts
-together. The bias may be on either side of the add; it must be a scalar or
-vary along one output axis (for a conv, the feature axis).
+another conv chain (a downsampling shortcut, finished first and added). The
+bias may be on either side of the add; it must be a scalar or vary along one
+output axis (for a conv, the feature axis). Activations recognised:
+
+- `max` with a scalar literal (relu when 0), `min` with one, `clamp` with two
+  (relu6, Clip), in any combination that is a clip;
+- `logistic` (sigmoid);
+- hard sigmoid: an affine map with scalar literals, one clip, an affine map,
+  that together are `clip(alpha * y + beta, 0, 1)` (ONNX HardSigmoid,
+  `jax.nn.hard_sigmoid`'s `relu6(y + 3) / 6`);
+- activations whose branches of ops on `y` meet again, which the plan accepts
+  together: leaky relu, `select_n(y >= 0, alpha * y, y)` (`jax.nn.leaky_relu`,
+  `jnp.where`); SiLU, `y * sigmoid(y)`; hard swish, `y * hard_sigmoid(y)`
+  (ONNX HardSwish, `jax.nn.hard_swish`).
+
+!!! warning
+
+    GELU is a kernel epilogue (`("gelu",)`, `("gelu_tanh",)`) but is not
+    recognised here: its `erf` / `tanh` compositions stay XLA ops after the
+    fused conv or dense.
 """
 
 import dataclasses
@@ -113,7 +127,7 @@ class _Chain:
     shift: object = None
     activation: tuple | None = None
     residual: object = None
-    literal: float = 0.0  # scalar literals added to the chain (a bias too, kept apart to spot hard gates)
+    shared: bool = False  # the value branches into an activation's several uses (see `BiasAct.branch`)
 
 
 def _as_dtype(value, dtype):
@@ -219,22 +233,19 @@ def _unwind(state):
     return (state, ops[::-1]) if isinstance(state, _Chain) else None
 
 
-def _hard_sigmoid(state):
-    """The chain whose activation is `clip(alpha * y + beta, 0, 1)` if `state`
-    computes that (an affine map, one clip, an affine map, in any form:
-    `clip(y * alpha + beta, 0, 1)` as ONNX HardSigmoid lowers,
-    `relu6(y + 3) / 6` as `jax.nn.hard_sigmoid` writes it), else None."""
-    unwound = _unwind(state)
-    if unwound is None:
+def _hard_gate(ops, activation: tuple) -> tuple | None:
+    """`(alpha, beta)` if `activation` then `ops` compute `clip(alpha * y + beta,
+    0, 1)`: an affine map with scalar literals, one clip, an affine map, in any
+    form (`clip(y * alpha + beta, 0, 1)` as ONNX HardSigmoid lowers, `relu6(y +
+    3) / 6` as `jax.nn.hard_sigmoid` writes it), else None."""
+    if activation not in ((), ("relu",)) and activation[0] != "clip":
         return None
-    chain, ops = unwound
-    act = chain.activation
-    if act not in ((), ("relu",)) and act[0] != "clip":
-        return None
-    (a, b), (p, q) = (1.0, chain.literal), (1.0, 0.0)  # clip(a y + b, lo, hi) * p + q
-    clipped = bool(act)
-    lo, hi = {(): (-math.inf, math.inf), ("relu",): (0.0, math.inf)}.get(act, act[1:])
+    (a, b), (p, q) = (1.0, 0.0), (1.0, 0.0)  # clip(a y + b, lo, hi) * p + q
+    clipped = bool(activation)
+    lo, hi = {(): (-math.inf, math.inf), ("relu",): (0.0, math.inf)}.get(activation, activation[1:])
     for name, pos, consts in ops:
+        if name not in ("max", "min", "clamp", "mul", "div", "add"):
+            return None
         c = consts[1 - pos] if name != "clamp" else None
         if name in ("max", "min", "clamp"):
             if (p, q) != (1.0, 0.0):  # a second clip
@@ -253,7 +264,7 @@ def _hard_sigmoid(state):
             scale, shift = 1.0 / c, 0.0
         elif name == "add":
             scale, shift = 1.0, c
-        else:
+        else:  # c / y
             return None
         if clipped:
             p, q = p * scale, q * scale + shift
@@ -263,27 +274,33 @@ def _hard_sigmoid(state):
         return None
     if abs(p * lo + q) > 1e-6 or abs(p * hi + q - 1.0) > 1e-6:
         return None
-    return dataclasses.replace(chain, literal=0.0, activation=("hard_sigmoid", p * a, p * b + q))
+    return p * a, p * b + q
 
 
-def _same_value(a, b) -> bool:
-    """Whether two chains are one op's value before their literal and activation."""
-    return all(getattr(a, f) is getattr(b, f) for f in ("eqn", "invals", "scale", "shift", "residual"))
+def _hard_sigmoid(deferred):
+    """The chain with a hard sigmoid activation that `deferred` computes, or None."""
+    unwound = _unwind(deferred)
+    if unwound is None or unwound[0].shared:
+        return None
+    chain, ops = unwound
+    gate = _hard_gate(ops, chain.activation)
+    return None if gate is None else dataclasses.replace(chain, activation=("hard_sigmoid", *gate))
 
 
 def _swish(states: dict):
-    """`y * gate(y)` over one chain `y`: silu from sigmoid, hard_swish from hard_sigmoid."""
-    if len(states) != 2 or not all(isinstance(s, _Chain) for s in states.values()):
+    """`y * gate(y)` over one shared chain `y`: silu when the gate is a
+    sigmoid, hard_swish when it is a hard sigmoid."""
+    chains = [s for s in states.values() if isinstance(s, _Chain)]
+    gates = [_unwind(s) for s in states.values() if isinstance(s, Deferred)]
+    if len(chains) != 1 or len(gates) != 1 or gates[0] is None or gates[0][0] is not chains[0]:
         return None
-    y, gate = sorted(states.values(), key=lambda s: bool(s.activation))
-    if y.activation or not gate.activation or not _same_value(y, gate):
+    (y,), ((_, ops),) = chains, gates
+    if y.activation:
         return None
-    if gate.activation == ("sigmoid",) and gate.literal == y.literal:
-        return dataclasses.replace(y, activation=("silu",))
-    if gate.activation[0] == "hard_sigmoid":
-        alpha, beta = gate.activation[1:]
-        return dataclasses.replace(y, activation=("hard_swish", alpha, beta + alpha * (gate.literal - y.literal)))
-    return None
+    if [name for name, _, _ in ops] == ["logistic"]:
+        return dataclasses.replace(y, shared=False, activation=("silu",))
+    gate = _hard_gate(ops, ())
+    return None if gate is None else dataclasses.replace(y, shared=False, activation=("hard_swish", *gate))
 
 
 class BiasAct(ChainRecipe):
@@ -316,6 +333,12 @@ class BiasAct(ChainRecipe):
     def start(self, eqn, invals):
         return _Chain(eqn, tuple(invals), activation=())
 
+    def branch(self, state):
+        """A chain with several uses is `shared`: ops on it are deferred until
+        its branches meet (`_swish`, `_leaky`), so that if they never form an
+        activation, the chain is still computed once."""
+        return dataclasses.replace(state, shared=True) if isinstance(state, _Chain) else state
+
     def step(self, states, eqn, invals, consts):
         name = eqn.primitive.name
         if name == "select_n":
@@ -327,9 +350,9 @@ class BiasAct(ChainRecipe):
         if len(states) != 1:
             return None
         ((pos, chain),) = states.items()
-        if isinstance(chain, Deferred) or name in ("ge", "mul", "div"):
+        if isinstance(chain, Deferred) or chain.shared or name in ("ge", "mul", "div"):
             # an op on one branch of an activation: held back until the branches meet
-            if name not in self.continues - {"select_n", "logistic"} or None in consts[:pos] + consts[pos + 1:]:
+            if name not in self.continues - {"select_n"} or None in consts[:pos] + consts[pos + 1:]:
                 return None
             deferred = Deferred(eqn, tuple(invals), consts)
             return _hard_sigmoid(deferred) or deferred
@@ -340,12 +363,8 @@ class BiasAct(ChainRecipe):
             c = invals[1 - pos]
             if self._residuals and _full_operand(eqn, pos):
                 return self._residual(chain, c, eqn)
-            if chain.activation:
-                return None
-            if consts[1 - pos] is not None:
-                return dataclasses.replace(chain, literal=chain.literal + consts[1 - pos])
             shift = c if chain.shift is None else chain.shift + c
-            if not _fits(shift, ndim, _output_axes(chain.eqn)):
+            if chain.activation or not _fits(shift, ndim, _output_axes(chain.eqn)):
                 return None
             return dataclasses.replace(chain, shift=shift)
         activation = _clip_step(chain.activation, name, pos, consts)
@@ -354,7 +373,7 @@ class BiasAct(ChainRecipe):
     def _residual(self, chain, other, eqn):
         """`chain + other` with `other` (a value, or a pending chain finished
         here) as the chain's residual, if the chain has none and no activation yet."""
-        if not isinstance(chain, _Chain) or chain.activation or chain.residual is not None:
+        if not isinstance(chain, _Chain) or chain.shared or chain.activation or chain.residual is not None:
             return None
         if isinstance(other, Pending) and not isinstance(other.state, _Chain):
             return None
@@ -375,13 +394,12 @@ class BiasAct(ChainRecipe):
         if at(ge) != [0] or ge.consts[1] != 0.0 or len(at(mul)) != 1:
             return None
         alpha = mul.consts[1 - at(mul)[0]]
-        return dataclasses.replace(chain, activation=("leaky_relu", alpha))
+        return dataclasses.replace(chain, shared=False, activation=("leaky_relu", alpha))
 
     def finish(self, chain):
         eqn, (x, w) = chain.eqn, chain.invals
         dtype = eqn.outvars[0].aval.dtype
-        shift = 0.0 if chain.shift is None else chain.shift
-        bias = _as_dtype(shift + chain.literal if chain.literal else shift, dtype)
+        bias = _as_dtype(0.0 if chain.shift is None else chain.shift, dtype)
         params = dict(eqn.params)
         params.pop("out_sharding", None)
         if eqn.primitive.name == "conv_general_dilated":
