@@ -81,8 +81,8 @@ def _output_axes(eqn) -> frozenset:
     return frozenset(range(eqn.outvars[0].aval.ndim))
 
 
-def _fits(value, ndim: int, allowed: frozenset) -> bool:
-    axes = _axes(np.shape(value), ndim)
+def _fits(shape, ndim: int, allowed: frozenset) -> bool:
+    axes = _axes(shape, ndim)
     return axes is not None and len(axes) <= 1 and set(axes) <= allowed
 
 
@@ -167,7 +167,7 @@ class Affine(ChainRecipe):
             s = 1.0 / c if s is None else s / c
             t = None if t is None else t / c
         ndim = chain.eqn.outvars[0].aval.ndim
-        if s is not None and not _fits(s, ndim, _output_axes(chain.eqn)):
+        if s is not None and not _fits(np.shape(s), ndim, _output_axes(chain.eqn)):
             return None
         return dataclasses.replace(chain, scale=s, shift=t)
 
@@ -361,12 +361,13 @@ class BiasAct(ChainRecipe):
         if name == "add":
             ndim = chain.eqn.outvars[0].aval.ndim
             c = invals[1 - pos]
+            shape = np.shape(c) if chain.shift is None else np.broadcast_shapes(np.shape(chain.shift), np.shape(c))
+            if not chain.activation and _fits(shape, ndim, _output_axes(chain.eqn)):
+                # a bias first, even where a residual's shape fits too (a 1x1 output)
+                return dataclasses.replace(chain, shift=c if chain.shift is None else chain.shift + c)
             if self._residuals and _full_operand(eqn, pos):
                 return self._residual(chain, c, eqn)
-            shift = c if chain.shift is None else chain.shift + c
-            if chain.activation or not _fits(shift, ndim, _output_axes(chain.eqn)):
-                return None
-            return dataclasses.replace(chain, shift=shift)
+            return None
         activation = _clip_step(chain.activation, name, pos, consts)
         return None if activation is None else dataclasses.replace(chain, activation=activation)
 
