@@ -421,6 +421,8 @@ struct Epilogue {
       case kRelu: return x < 0.0f ? 0.0f : x;
       case kClip: return x < lo ? lo : (x > hi ? hi : x);
       case kLeakyRelu: return x < 0.0f ? alpha * x : x;
+      case kHardSigmoid: return hard_sigmoid(x);
+      case kHardSwish: return x * hard_sigmoid(x);
       default: return vfirst((*this)(vset1(x)));  // the vector path's bits, whichever path a value takes
     }
   }
@@ -442,6 +444,14 @@ struct Epilogue {
 
  private:
   V hard_sigmoid(V x) const { return vclamp_hi(vclamp_lo(vfma(x, vset1(alpha), vset1(lo)), 0.0f), 1.0f); }
+  float hard_sigmoid(float x) const {  // the same bits: one rounding in the fma, NaN kept by the clamps
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+    const float t = std::fma(x, alpha, lo);
+#else
+    const float t = x * alpha + lo;  // as the portable vfma
+#endif
+    return t < 0.0f ? 0.0f : (t > 1.0f ? 1.0f : t);
+  }
 };
 
 inline ffi::Error make_epilogue(int64_t kind, float alpha, float lo, float hi, Epilogue* out) {
