@@ -25,13 +25,18 @@ output axis (for a conv, the feature axis). Activations recognised:
 - activations whose branches of ops on `y` meet again, which the plan accepts
   together: leaky relu, `select_n(y >= 0, alpha * y, y)` (`jax.nn.leaky_relu`,
   `jnp.where`); SiLU, `y * sigmoid(y)`; hard swish, `y * hard_sigmoid(y)`
-  (ONNX HardSwish, `jax.nn.hard_swish`).
+  (ONNX HardSwish, `jax.nn.hard_swish`); GELU, `y * Phi(y)` written with
+  `erf` or `erfc` and scalar literals (`jax.nn.gelu`, ONNX Gelu, torch's
+  opset-17 export `y * (1 + erf(y / sqrt 2)) * 0.5`).
+
+A value with several uses is a *shared* chain: each op on a branch is held
+back (`Deferred`) until the branches meet, and if they form no activation the
+value is still computed once.
 
 !!! warning
 
-    GELU is a kernel epilogue (`("gelu",)`, `("gelu_tanh",)`) but is not
-    recognised here: its `erf` / `tanh` compositions stay XLA ops after the
-    fused conv or dense.
+    GELU's tanh approximation is a kernel epilogue (`("gelu_tanh",)`) but is
+    not recognised here: its `tanh` composition stays in XLA after the fused op.
 """
 
 import dataclasses
@@ -303,10 +308,86 @@ def _swish(states: dict):
     return None if gate is None else dataclasses.replace(y, shared=False, activation=("hard_swish", *gate))
 
 
+_SQRT_HALF = math.sqrt(0.5)
+
+
+def _near(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-6 * abs(b)
+
+
+def _gelu_form(state, root):
+    """What `state` computes from the shared chain `root`, as far as GELU needs:
+    `("lin", a, b)` for `a y + b`, `("erf", s)` for `erf(s y)`, `("phi", k)`
+    for `k Phi(y)` (Phi the normal CDF, `(1 + erf(y / sqrt 2)) / 2`) and
+    `("gelu", k)` for `k y Phi(y)`; None for anything else."""
+    if state is root:
+        return ("lin", 1.0, 0.0)
+    if not isinstance(state, Deferred):
+        return None
+    args = []
+    for x, c in zip(state.invals, state.consts):
+        form = _gelu_form(x.state, root) if isinstance(x, Pending) else None if c is None else ("lin", 0.0, c)
+        if form is None:
+            return None
+        args.append(form)
+    return _combine(state.eqn.primitive.name, args)
+
+
+def _scaled(form, c: float):
+    kind, *v = form
+    return ("lin", v[0] * c, v[1] * c) if kind == "lin" else None if kind == "erf" else (kind, v[0] * c)
+
+
+def _combine(name: str, args: list):
+    """`_gelu_form` of `name` applied to operands of the forms `args`."""
+    lin = [a for a in args if a[0] == "lin"]
+    const = [a[2] for a in lin if a[1] == 0.0]
+    if name == "neg":
+        return _scaled(args[0], -1.0)
+    if name in ("erf", "erfc") and args[0][0] == "lin" and args[0][2] == 0.0:
+        s = args[0][1]
+        if name == "erf":
+            return ("erf", s)
+        return ("phi", 2.0) if _near(s, -_SQRT_HALF) else None  # erfc(-y / sqrt 2) = 2 Phi(y)
+    if name == "div" and args[1][0] == "lin" and args[1][1] == 0.0 and args[1][2] != 0.0:
+        return _scaled(args[0], 1.0 / args[1][2])
+    if name == "mul" and const:
+        return _scaled(args[1] if args[0][0] == "lin" and args[0][1] == 0.0 else args[0], const[0])
+    if name == "mul" and len(lin) == 1 and lin[0][2] == 0.0:  # a y * k Phi(y)
+        (other,) = [a for a in args if a is not lin[0]]
+        return ("gelu", lin[0][1] * other[1]) if other[0] == "phi" else None
+    if name == "add" and len(lin) == 2:
+        return ("lin", lin[0][1] + lin[1][1], lin[0][2] + lin[1][2])
+    if name == "add" and const == [1.0] and len(lin) == 1:  # 1 + erf(y / sqrt 2) = 2 Phi(y)
+        (other,) = [a for a in args if a is not lin[0]]
+        return ("phi", 2.0) if other[0] == "erf" and _near(other[1], _SQRT_HALF) else None
+    return None
+
+
+def _root(state):
+    """The chain a state's ops start from (through the first pending operand)."""
+    while isinstance(state, Deferred):
+        state = next(x.state for x in state.invals if isinstance(x, Pending))
+    return state
+
+
+def _gelu(deferred):
+    """The chain with a GELU activation if `deferred` computes `y Phi(y)` from a
+    shared chain `y` (`jax.nn.gelu`'s `erfc` form, torch's `erf` export), else None."""
+    root = _root(deferred)
+    if not (isinstance(root, _Chain) and root.shared and not root.activation):
+        return None
+    form = _gelu_form(deferred, root)
+    if form is None or form[0] != "gelu" or not _near(form[1], 1.0):
+        return None
+    return dataclasses.replace(root, shared=False, activation=("gelu",))
+
+
 class BiasAct(ChainRecipe):
     """conv_bias_act / dense: `op -> add(bias) -> activation`, one fused op."""
 
-    continues = frozenset({"add", "max", "min", "clamp", "ge", "mul", "div", "select_n", "logistic"})
+    continues = frozenset({"add", "max", "min", "clamp", "ge", "mul", "div", "select_n", "logistic", "neg", "erf",
+                           "erfc"})
 
     def __init__(self, start: str):
         self.starts = frozenset({start})
@@ -321,7 +402,7 @@ class BiasAct(ChainRecipe):
             return consts[1 - pos] is not None and floating
         if name == "select_n":  # the two halves of a leaky relu
             return pos in (0, 1) and len(eqn.invars) == 3
-        if name in ("logistic", "mul"):  # a sigmoid, a scale, or the join of a swish
+        if name in ("logistic", "mul", "neg", "erf", "erfc"):  # a sigmoid, a scale, a swish's join, GELU's parts
             return floating
         if name == "div":
             return pos == 0 and consts[1] is not None and floating
@@ -343,19 +424,21 @@ class BiasAct(ChainRecipe):
         name = eqn.primitive.name
         if name == "select_n":
             return self._leaky(states, consts)
-        if name == "mul" and len(states) == 2:
-            return _swish(states)
+        if name in ("mul", "add") and len(states) == 2 and len({id(_root(s)) for s in states.values()}) == 1:
+            swish = _swish(states) if name == "mul" else None
+            deferred = Deferred(eqn, tuple(invals), consts)  # two branches of one chain meet
+            return swish or _gelu(deferred) or deferred
         if name == "add" and len(states) == 2:  # two chains meet: a shortcut, for convs only
             return self._residual(states[0], invals[1], eqn) if self._residuals else None
         if len(states) != 1:
             return None
         ((pos, chain),) = states.items()
-        if isinstance(chain, Deferred) or chain.shared or name in ("ge", "mul", "div"):
+        if isinstance(chain, Deferred) or chain.shared or name in ("ge", "mul", "div", "neg", "erf", "erfc"):
             # an op on one branch of an activation: held back until the branches meet
             if name not in self.continues - {"select_n"} or None in consts[:pos] + consts[pos + 1:]:
                 return None
             deferred = Deferred(eqn, tuple(invals), consts)
-            return _hard_sigmoid(deferred) or deferred
+            return _hard_sigmoid(deferred) or _gelu(deferred) or deferred
         if name == "logistic":
             return None if chain.activation else dataclasses.replace(chain, activation=("sigmoid",))
         if name == "add":
