@@ -103,6 +103,32 @@ def _conv_run(name: str):
     return run
 
 
+def _single_pixel_support(eqn, layer: Layer) -> str | None:
+    """The dense kernel on a conv that is a matrix product: 1x1 window over a
+    1x1 image, groups 1, no residual (a squeeze-excitation block's convs)."""
+    g = ConvGeometry.of(eqn)
+    image = list(g.in_shape[2:])  # NCHW order
+    padded = any(p for pair in g.padding for p in pair)
+    if image != [1, 1] or layer.kernel_size != (1, 1) or padded or g.groups != 1 or len(eqn.invars) > 3:
+        return ("'dense' runs 1x1 convs over a 1x1 image without padding, groups or residual; this layer "
+                f"has a {layer.kernel_size} window over {tuple(image)}, padding {g.padding}, groups "
+                f"{g.groups}{', a residual' if len(eqn.invars) > 3 else ''}; use 'smm'")
+    return _conv_support("direct")(eqn, layer) or _kernels().kernel_unavailable("jtile_dense")
+
+
+def _single_pixel_run(eqn, x, w, *epilogue_operands, producers):
+    lhs_spec, rhs_spec, out_spec = eqn.params["dimension_numbers"]
+    rows = _reorder(x, lhs_spec).reshape(x.shape[lhs_spec[0]], -1)
+    with eager_if_known(w):
+        weight = _reorder(w, rhs_spec).reshape(w.shape[rhs_spec[0]], -1)
+
+    def dense(b, epilogue):
+        y = _kernels().dense(rows, weight, b, transpose_w=True, **epilogue)
+        return _restore(y.reshape(*y.shape, 1, 1), out_spec)
+
+    return _with_epilogue(eqn, dense, epilogue_operands, out_axis=out_spec[1])
+
+
 def _with_epilogue(eqn, kernel, operands, out_axis: int):
     """`kernel(b, epilogue)` with a fused equation's bias, residual and activation
     folded in when the bias is per output channel, else applied after the
@@ -129,9 +155,11 @@ def _per_channel(bias, axis: int, channels: int) -> bool:
 
 _ACTIVATIONS = {
     (): lambda: {},
-    ("relu",): lambda: {"activation": "relu"},
     ("clip",): lambda lo, hi: {"activation": "clip", "clip": (lo, hi)},
     ("leaky_relu",): lambda alpha: {"activation": "leaky_relu", "alpha": alpha},
+    **{(kind,): lambda kind=kind: {"activation": kind} for kind in ("relu", "sigmoid", "silu", "gelu", "gelu_tanh")},
+    **{(kind,): lambda alpha, beta, kind=kind: {"activation": kind, "alpha": alpha, "beta": beta}
+       for kind in ("hard_sigmoid", "hard_swish")},
 }
 
 
@@ -147,15 +175,19 @@ def _conv_preference(eqn, layer: Layer) -> tuple[str, ...]:
     grouped convs channel by channel); Winograd on 3x3 stride 1 with at least
     14x14 outputs ~2-3x (below, its 4x4 tiles are mostly padding); im2col +
     GEMM on packed weights on every other conv: stems 1.4-7x, strided 3x3
-    1.2-2x, 3x3 at 7x7 1.8x, 1x1 1.1-5x. Grouped (not depthwise) convs were
-    not measured, so they stay with XLA. Dilated convs go to im2col + GEMM only
-    where the dilated window spans the whole input (DeepLabV3's atrous
-    pyramid): 960->256 3x3 at 14x14 dilation 12 took 1.9 ms against XLA's
-    4.9, at 28x28 dilation 36 16 ms against 77; with smaller dilations XLA
-    was as fast or up to 15% faster.
+    1.2-2x, 3x3 at 7x7 1.8x, 1x1 1.1-5x; but 1x1 convs over a 1x1 image
+    (squeeze-excitation) on the dense kernel's matrix-vector path, where im2col
+    + GEMM fills one row of its tile (240->960: 23 against 120 us, XLA 23).
+    Grouped (not depthwise) convs were not measured, so they stay with XLA.
+    Dilated convs go to im2col + GEMM only where the dilated window spans the
+    whole input (DeepLabV3's atrous pyramid): 960->256 3x3 at 14x14 dilation
+    12 took 1.9 ms against XLA's 4.9, at 28x28 dilation 36 16 ms against 77;
+    with smaller dilations XLA was as fast or up to 15% faster.
     """
     if _is_depthwise(layer):
         return ("depthwise", "direct")
+    if _single_pixel_support(eqn, layer) is None:
+        return ("dense",)
     if layer.groups != 1:
         return ()
     if any(d != 1 for d in layer.dilation):
@@ -175,7 +207,7 @@ def _conv_preference(eqn, layer: Layer) -> tuple[str, ...]:
 
 def _auto_conv(eqn, layer: Layer, producers) -> str:
     for name in _conv_preference(eqn, layer):
-        if _conv_support(name)(eqn, layer) is None:
+        if _CONV_SUPPORT[name](eqn, layer) is None:
             return name
     return "default"
 
@@ -302,10 +334,12 @@ def _auto_pool(kernel: str):
 
 
 CONV_ALGORITHMS = ("direct", "smm", "winograd", "depthwise")
+_CONV_SUPPORT = {**{name: _conv_support(name) for name in CONV_ALGORITHMS}, "dense": _single_pixel_support}
 
 # (kind, name, support, run) for every kernel algorithm.
 ALGORITHMS = (
-    *(("conv2d", name, _conv_support(name), _conv_run(name)) for name in CONV_ALGORITHMS),
+    *(("conv2d", name, _CONV_SUPPORT[name], _conv_run(name)) for name in CONV_ALGORITHMS),
+    ("conv2d", "dense", _single_pixel_support, _single_pixel_run),
     ("dense", "gemm", _dense_support, _dense_run),
     *((f"{kind}pool2d", "direct", _pool_support(f"{kind}_pool2d"), _pool_run(f"{kind}_pool2d"))
       for kind in ("max", "avg")),

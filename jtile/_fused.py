@@ -23,7 +23,11 @@ output channels: `(1, C, 1, 1)` for an NCHW conv, `(1, N)` for `x @ W`,
 `(N, 1)` for `W @ x`), or is a scalar.
 
 `activation` is a hashable tuple: `()` none, `("relu",)`,
-`("clip", lo, hi)` (relu6 is `("clip", 0.0, 6.0)`), `("leaky_relu", alpha)`.
+`("clip", lo, hi)` (relu6 is `("clip", 0.0, 6.0)`), `("leaky_relu", alpha)`,
+`("sigmoid",)`, `("silu",)` (`y * sigmoid(y)`), `("hard_sigmoid", alpha,
+beta)` (`clip(alpha * y + beta, 0, 1)`, ONNX HardSigmoid), `("hard_swish",
+alpha, beta)` (`y * hard_sigmoid(y)`; ONNX HardSwish is alpha 1/6, beta 0.5),
+`("gelu",)` (erf form) and `("gelu_tanh",)` (tanh approximation).
 
 `describe` shows both as a `FusedLayer` (kind `"conv2d"` / `"dense"`, plus
 `activation` and `bias_shape`).
@@ -68,6 +72,16 @@ def activate(y, activation: Activation):
         return jnp.clip(y, jnp.asarray(lo, y.dtype), jnp.asarray(hi, y.dtype))
     if kind == "leaky_relu":
         return jnp.where(y >= 0, y, jnp.asarray(args[0], y.dtype) * y)
+    if kind == "sigmoid":
+        return lax.logistic(y)
+    if kind == "silu":
+        return y * lax.logistic(y)
+    if kind in ("hard_sigmoid", "hard_swish"):
+        alpha, beta = (jnp.asarray(a, y.dtype) for a in args)
+        gate = jnp.clip(y * alpha + beta, jnp.zeros((), y.dtype), jnp.ones((), y.dtype))
+        return gate if kind == "hard_sigmoid" else y * gate
+    if kind in ("gelu", "gelu_tanh"):
+        return jax.nn.gelu(y, approximate=kind == "gelu_tanh")
     raise ValueError(f"unknown activation {activation!r}")
 
 

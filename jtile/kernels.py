@@ -36,6 +36,25 @@ tests/test_kernels_numerics.py holds every kernel to `TOLERANCE`):
 | dense 512->1000, batch 32 | 4.7e-7 | | | | 4.7e-7 |
 | avg pool 3x3 s2 @112 | 2.0e-7 | | | | 2.0e-7 |
 | global avg pool @112 | 7.7e-8 | | | | 4.3e-7 |
+| 1x1 144->24 @56 + sigmoid | 4.5e-7 | | 5.8e-7 | | |
+| 1x1 144->24 @56 + silu | 1.7e-7 | | 6.2e-7 | | |
+| 1x1 144->24 @56 + hard_sigmoid | 3.4e-7 | | 6.7e-7 | | |
+| 1x1 144->24 @56 + hard_swish | 1.9e-7 | | 5.4e-7 | | |
+| 1x1 144->24 @56 + gelu | 1.9e-7 | | 5.4e-7 | | |
+| 1x1 144->24 @56 + gelu_tanh | 1.9e-7 | | 5.4e-7 | | |
+| depthwise 3x3 144 @56 + sigmoid | 2.6e-7 | | | | 2.6e-7 |
+| depthwise 3x3 144 @56 + silu | 1.3e-7 | | | | 1.2e-7 |
+| depthwise 3x3 144 @56 + hard_sigmoid | 2.3e-7 | | | | 1.9e-7 |
+| depthwise 3x3 144 @56 + hard_swish / gelu / gelu_tanh | 9.5e-8 | | | | 1.1e-7 |
+
+Activation rows: weights scaled to 3/sqrt(fan-in) so that pre-activations
+reach the saturated regions; hard ones with alpha 1/6, beta 0.5; XLA is its
+conv followed by `jax.nn`'s activation. Sigmoid, SiLU and GELU-tanh use a
+vectorised exp (Cephes' range reduction and degree-6 polynomial, ~1 ulp,
+flushed to 0 below -87.3), GELU's erf Abramowitz & Stegun 7.1.26 (absolute
+error < 1.5e-7, so up to ~2e-4 relative far in GELU's negative tail, where
+the output is tiny); the scalar tail of each kernel runs the same vector code,
+so every element gets the same bits whichever path computes it.
 
 Winograd's transforms scale values by up to ~100, so its error is relative to
 the output's magnitude, not to each element: ~50x XLA's at 1000 channels.
@@ -70,6 +89,7 @@ from jax import lax
 
 from . import _registry
 from ._errors import ConfigError, KernelsUnavailableWarning, UnsupportedError
+from ._fused import activate
 from ._interpreter import eager_if_known, is_known, shared
 from ._regions import SlidingWindow
 
@@ -96,7 +116,9 @@ _TARGETS: dict[str, str] = {
 # ----------------------------------------------------------------- epilogues
 
 # Activation name -> code understood by the kernels (kernels/common.h).
-_ACTIVATIONS = {None: 0, "relu": 1, "relu6": 2, "clip": 2, "leaky_relu": 3}
+_ACTIVATIONS = {None: 0, "relu": 1, "relu6": 2, "clip": 2, "leaky_relu": 3, "sigmoid": 4, "silu": 5,
+                "hard_sigmoid": 6, "hard_swish": 7, "gelu": 8, "gelu_tanh": 9}
+_HARD = ("hard_sigmoid", "hard_swish")  # clip(alpha * y + beta, 0, 1), beta travels as clip_lo
 
 
 def _clip_bounds(activation: str | None, clip: Sequence[float]) -> tuple[float, float]:
@@ -109,8 +131,8 @@ def _check_activation(where: str, activation: str | None) -> None:
         raise ConfigError(f"{where}: unknown activation {activation!r}; valid ones are {names}")
 
 
-def _epilogue_attrs(activation: str | None, alpha: float, clip: Sequence[float]) -> dict:
-    lo, hi = _clip_bounds(activation, clip)
+def _epilogue_attrs(activation: str | None, alpha: float, beta: float, clip: Sequence[float]) -> dict:
+    lo, hi = (beta, 1.0) if activation in _HARD else _clip_bounds(activation, clip)
     return dict(
         activation=np.int64(_ACTIVATIONS[activation]),
         alpha=np.float32(alpha),
@@ -119,17 +141,27 @@ def _epilogue_attrs(activation: str | None, alpha: float, clip: Sequence[float])
     )
 
 
-def activation_reference(y: jax.Array, activation: str | None, alpha: float = 0.0,
-                         clip: Sequence[float] = (0.0, 6.0)) -> jax.Array:
-    """The jnp meaning of a fused activation: None, relu, relu6, clip(lo, hi), leaky_relu(alpha)."""
-    _check_activation("activation_reference", activation)
-    if activation == "relu":
-        return jax.nn.relu(y)
-    if activation == "leaky_relu":
-        return jax.nn.leaky_relu(y, alpha)
+def activation_tuple(activation: str | None, alpha: float = 0.0, beta: float = 0.0,
+                     clip: Sequence[float] = (0.0, 6.0)) -> tuple:
+    """A named activation and its parameters as a `jtile._fused` activation tuple."""
+    _check_activation("activation", activation)
+    if activation is None:
+        return ()
     if activation in ("relu6", "clip"):
-        return jnp.clip(y, *_clip_bounds(activation, clip))
-    return y
+        return ("clip", *_clip_bounds(activation, clip))
+    if activation == "leaky_relu":
+        return ("leaky_relu", float(alpha))
+    if activation in _HARD:
+        return (activation, float(alpha), float(beta))
+    return (activation,)
+
+
+def activation_reference(y: jax.Array, activation: str | None, alpha: float = 0.0,
+                         clip: Sequence[float] = (0.0, 6.0), beta: float = 0.0) -> jax.Array:
+    """The jnp meaning of a fused activation: None, relu, relu6, clip(lo, hi),
+    leaky_relu(alpha), sigmoid, silu, hard_sigmoid / hard_swish (`clip(alpha * y
+    + beta, 0, 1)`, times y for hard_swish), gelu (erf), gelu_tanh."""
+    return activate(y, activation_tuple(activation, alpha, beta, clip))
 
 
 # ------------------------------------------------------------------ loading
@@ -399,7 +431,7 @@ def _any_conv(spec: ConvSpec) -> str | None:
 def conv2d_reference(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
                      stride: Pair = (1, 1), padding: Padding = ((0, 0), (0, 0)),
                      dilation: Pair = (1, 1), groups: int = 1, activation: str | None = None,
-                     alpha: float = 0.0, clip: Sequence[float] = (0.0, 6.0),
+                     alpha: float = 0.0, beta: float = 0.0, clip: Sequence[float] = (0.0, 6.0),
                      residual: jax.Array | None = None) -> jax.Array:
     """`conv2d` in `lax`: NCHW x, OIHW w, optional bias (O,) and residual, fused activation."""
     y = lax.conv_general_dilated(
@@ -411,7 +443,7 @@ def conv2d_reference(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
         y = y + b[None, :, None, None]
     if residual is not None:
         y = y + residual
-    return activation_reference(y, activation, alpha, clip)
+    return activation_reference(y, activation, alpha, clip, beta)
 
 
 def conv2d_support(algorithm: str, *, x_shape: Sequence[int], w_shape: Sequence[int],
@@ -430,7 +462,7 @@ def conv2d_support(algorithm: str, *, x_shape: Sequence[int], w_shape: Sequence[
 
 def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm: str = "direct",
            stride: Pair = (1, 1), padding: Padding = ((0, 0), (0, 0)), dilation: Pair = (1, 1),
-           groups: int = 1, activation: str | None = None, alpha: float = 0.0,
+           groups: int = 1, activation: str | None = None, alpha: float = 0.0, beta: float = 0.0,
            clip: Sequence[float] = (0.0, 6.0), residual: jax.Array | None = None) -> jax.Array:
     """2-D convolution by the C kernel `algorithm`, with bias, residual and activation fused.
 
@@ -438,7 +470,8 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
     `residual`, of the output's shape, is added before the activation (fused
     in "smm" and "winograd", added in jnp after the others); `activation` one
     of None, "relu", "relu6", "clip" (to `clip=(lo, hi)`), "leaky_relu"
-    (slope `alpha`). Raises `UnsupportedError` naming why if the algorithm
+    (slope `alpha`), "sigmoid", "silu", "hard_sigmoid" / "hard_swish"
+    (`clip(alpha * y + beta, 0, 1)`), "gelu", "gelu_tanh". Raises `UnsupportedError` naming why if the algorithm
     cannot run this layer (see `conv2d_support`).
     """
     _check_activation("conv2d", activation)
@@ -458,11 +491,11 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
                           f"got {jnp.shape(residual)}")
     if residual is not None and not algo.residual:
         y = conv2d(x, w, b, algorithm=algorithm, **config)
-        return activation_reference(y + residual, activation, alpha, clip)
+        return activation_reference(y + residual, activation, alpha, clip, beta)
     (pt, pb), (pl, pr) = spec.padding
     attrs = dict(
         conv=np.array([*spec.stride, pt, pb, pl, pr, *spec.dilation, spec.groups], np.int64),
-        **_epilogue_attrs(activation, alpha, clip),
+        **_epilogue_attrs(activation, alpha, beta, clip),
     )
     out = jax.ShapeDtypeStruct(spec.out_shape, jnp.float32)
     b = jnp.zeros(spec.w_shape[0], jnp.float32) if b is None else b
@@ -477,7 +510,7 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
         return _call(algo.target, out, x, weight, b, *res, vmap_method="sequential", **attrs, **extra)
 
     def reference(x, w, b, *res):
-        return conv2d_reference(x, w, b, **config, activation=activation, alpha=alpha, clip=clip,
+        return conv2d_reference(x, w, b, **config, activation=activation, alpha=alpha, beta=beta, clip=clip,
                                 residual=res[0] if res else None)
 
     operands = (x, w, b) if residual is None else (x, w, b, residual)
@@ -590,13 +623,13 @@ register_conv_algorithm("depthwise", "jtile_conv_depthwise", "JtileConvDepthwise
 
 
 def dense_reference(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
-                    activation: str | None = None, alpha: float = 0.0,
+                    activation: str | None = None, alpha: float = 0.0, beta: float = 0.0,
                     clip: Sequence[float] = (0.0, 6.0), transpose_w: bool = False) -> jax.Array:
     """`act(x @ w + b)` in jnp (`x @ w.T` if `transpose_w`)."""
     y = jnp.dot(x, w.T if transpose_w else w, precision=lax.Precision.HIGHEST)
     if b is not None:
         y = y + b
-    return activation_reference(y, activation, alpha, clip)
+    return activation_reference(y, activation, alpha, clip, beta)
 
 
 # Rows below which `dense` streams its weight in place (matrix-vector paths)
@@ -610,7 +643,7 @@ GEMV_ROWS = {"known": 8, "traced": 17}
 
 
 def dense(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
-          activation: str | None = None, alpha: float = 0.0,
+          activation: str | None = None, alpha: float = 0.0, beta: float = 0.0,
           clip: Sequence[float] = (0.0, 6.0), transpose_w: bool = False) -> jax.Array:
     """`act(x @ w + b)` by the C kernel: x `(M, K)`, w `(K, N)`, b `(N,)` or None.
 
@@ -631,7 +664,7 @@ def dense(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
     if b is not None and jnp.shape(b) != (n,):
         raise ConfigError(f"dense: bias must have shape ({n},), got {jnp.shape(b)}")
     packed = m >= GEMV_ROWS["known" if is_known(w) else "traced"]
-    attrs = dict(_epilogue_attrs(activation, alpha, clip), transpose_w=np.int64(bool(transpose_w)),
+    attrs = dict(_epilogue_attrs(activation, alpha, beta, clip), transpose_w=np.int64(bool(transpose_w)),
                  packed=np.int64(packed))
     out = jax.ShapeDtypeStruct((m, n), jnp.float32)
     b = jnp.zeros(n, jnp.float32) if b is None else b
@@ -642,7 +675,7 @@ def dense(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
         return _call("jtile_dense", out, x, weight, b, vmap_method="sequential", **attrs)
 
     def reference(x, w, b):
-        return dense_reference(x, w, b, activation=activation, alpha=alpha, clip=clip,
+        return dense_reference(x, w, b, activation=activation, alpha=alpha, beta=beta, clip=clip,
                                transpose_w=transpose_w)
 
     return _with_reference_vjp(kernel, reference, derived=1)(x, w, b, weight)

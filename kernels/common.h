@@ -62,6 +62,19 @@ inline V vmax_nan(V a, V b) {
   const __m512 m = _mm512_max_ps(b.v, a.v);  // a when either is NaN
   return {_mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(b.v, b.v, _CMP_UNORD_Q), b.v)};
 }
+inline V vsub(V a, V b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline V vdiv(V a, V b) { return {_mm512_div_ps(a.v, b.v)}; }
+inline V vabs(V x) { return {_mm512_abs_ps(x.v)}; }
+// Lanes where a < b (false for NaN) take `yes`, the others `no`.
+inline V vselect_lt(V a, V b, V yes, V no) {
+  return {_mm512_mask_mov_ps(no.v, _mm512_cmp_ps_mask(a.v, b.v, _CMP_LT_OQ), yes.v)};
+}
+inline V vround(V x) { return {_mm512_roundscale_ps(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+// 2^n for integral n in [-126, 127].
+inline V vpow2i(V n) {
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n.v), _mm512_set1_epi32(127)), 23))};
+}
+inline float vfirst(V x) { return _mm512_cvtss_f32(x.v); }
 inline V vload_strided(const float* p, int64_t stride) {
   if (stride == 1) return vload(p);
   if (stride == 2) {  // even lanes of two vectors (reads one float past the last used)
@@ -98,6 +111,17 @@ inline V vmax_nan(V a, V b) {
   const __m256 m = _mm256_max_ps(b.v, a.v);  // a when either is NaN
   return {_mm256_blendv_ps(m, b.v, _mm256_cmp_ps(b.v, b.v, _CMP_UNORD_Q))};
 }
+inline V vsub(V a, V b) { return {_mm256_sub_ps(a.v, b.v)}; }
+inline V vdiv(V a, V b) { return {_mm256_div_ps(a.v, b.v)}; }
+inline V vabs(V x) { return {_mm256_andnot_ps(_mm256_set1_ps(-0.0f), x.v)}; }
+inline V vselect_lt(V a, V b, V yes, V no) {
+  return {_mm256_blendv_ps(no.v, yes.v, _mm256_cmp_ps(a.v, b.v, _CMP_LT_OQ))};
+}
+inline V vround(V x) { return {_mm256_round_ps(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+inline V vpow2i(V n) {
+  return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n.v), _mm256_set1_epi32(127)), 23))};
+}
+inline float vfirst(V x) { return _mm256_cvtss_f32(x.v); }
 inline V vload_strided(const float* p, int64_t stride) {
   if (stride == 1) return vload(p);
   const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
@@ -125,6 +149,21 @@ inline V vclamp_hi(V x, float hi) { JTILE_LANES(x.v[i] > hi ? hi : x.v[i]); }
 inline V vleaky(V x, float alpha) { JTILE_LANES(x.v[i] < 0.0f ? alpha * x.v[i] : x.v[i]); }
 inline V vmax_nan(V a, V b) { JTILE_LANES(a.v[i] != a.v[i] || b.v[i] > a.v[i] || b.v[i] != b.v[i] ? (a.v[i] != a.v[i] ? a.v[i] : b.v[i]) : a.v[i]); }
 inline V vload_strided(const float* p, int64_t stride) { JTILE_LANES(p[i * stride]); }
+inline V vsub(V a, V b) { JTILE_LANES(a.v[i] - b.v[i]); }
+inline V vdiv(V a, V b) { JTILE_LANES(a.v[i] / b.v[i]); }
+inline V vabs(V x) { JTILE_LANES(std::fabs(x.v[i])); }
+inline V vselect_lt(V a, V b, V yes, V no) { JTILE_LANES(a.v[i] < b.v[i] ? yes.v[i] : no.v[i]); }
+inline V vround(V x) { JTILE_LANES(std::nearbyint(x.v[i])); }
+inline V vpow2i(V n) {
+  V r;
+  for (int i = 0; i < W; ++i) {
+    const int32_t k = n.v[i] == n.v[i] ? (int32_t)n.v[i] : 0;  // NaN: any scale keeps it NaN
+    const uint32_t bits = (uint32_t)(k + 127) << 23;
+    std::memcpy(&r.v[i], &bits, sizeof(float));
+  }
+  return r;
+}
+inline float vfirst(V x) { return x.v[0]; }
 #undef JTILE_LANES
 #endif
 
@@ -316,9 +355,61 @@ class Workspace {
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // ---------------------------------------------------------------------------
-// Epilogue: y = act(y + bias). Activation codes match jtile/kernels.py.
+// Transcendental activations on vectors, written once over the V operations
+// above. NaN stays NaN, +-Inf gives the limits jnp gives (sigmoid(-Inf) = 0
+// exactly, so silu(-Inf) = -Inf * 0 = NaN as in x * jax.nn.sigmoid(x)).
 
-enum Activation : int64_t { kIdentity = 0, kRelu = 1, kClip = 2, kLeakyRelu = 3 };
+// exp(z) for z <= 0: Cephes' expf (z = n ln2 + r with |r| <= ln2 / 2, a
+// degree-6 polynomial for exp(r), times 2^n), flushed to 0 below -87.34 where
+// exp(z) is subnormal. About 1 ulp.
+inline V vexp_nonpositive(V z) {
+  const float lowest = -87.33654f;  // log of the smallest normal float
+  const V zc = vclamp_lo(z, lowest);
+  const V n = vround(vmul(zc, vset1(1.44269504088896341f)));
+  V r = vfma(n, vset1(-0.693359375f), zc);
+  r = vfma(n, vset1(2.12194440e-4f), r);
+  V p = vset1(1.9875691500e-4f);
+  p = vfma(p, r, vset1(1.3981999507e-3f));
+  p = vfma(p, r, vset1(8.3334519073e-3f));
+  p = vfma(p, r, vset1(4.1665795894e-2f));
+  p = vfma(p, r, vset1(1.6666665459e-1f));
+  p = vfma(p, r, vset1(5.0000001201e-1f));
+  p = vfma(p, vmul(r, r), vadd(r, vset1(1.0f)));
+  return vselect_lt(z, vset1(lowest), vzero(), vmul(p, vpow2i(n)));
+}
+
+// 1 / (1 + exp(-x)) as (x < 0 ? e : 1) / (1 + e) with e = exp(-|x|) <= 1: no overflow.
+inline V vsigmoid(V x) {
+  const V e = vexp_nonpositive(vsub(vzero(), vabs(x)));
+  const V one = vset1(1.0f);
+  return vdiv(vselect_lt(x, vzero(), e, one), vadd(one, e));
+}
+
+// x * Phi(x), Phi the normal CDF = (1 + erf(x / sqrt 2)) / 2, with erf from
+// Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7): for a = |x| / sqrt 2,
+// q = 1 - erf(a) = t (a1 + t (a2 + ...)) exp(-a^2), t = 1 / (1 + p a), and
+// Phi(x) = q / 2 for x < 0, 1 - q / 2 otherwise.
+inline V vgelu(V x) {
+  const V a = vmul(vabs(x), vset1(0.70710678118654752f));
+  const V t = vdiv(vset1(1.0f), vfma(a, vset1(0.3275911f), vset1(1.0f)));
+  V poly = vset1(1.061405429f);
+  poly = vfma(poly, t, vset1(-1.453152027f));
+  poly = vfma(poly, t, vset1(1.421413741f));
+  poly = vfma(poly, t, vset1(-0.284496736f));
+  poly = vfma(poly, t, vset1(0.254829592f));
+  const V half_q = vmul(vmul(poly, t), vmul(vset1(0.5f), vexp_nonpositive(vsub(vzero(), vmul(a, a)))));
+  return vmul(x, vselect_lt(x, vzero(), half_q, vsub(vset1(1.0f), half_q)));
+}
+
+// ---------------------------------------------------------------------------
+// Epilogue: y = act(y + bias). Activation codes match jtile/kernels.py. The
+// hard ones take a slope and an offset: hard_sigmoid(x) = clip(alpha x + beta,
+// 0, 1), hard_swish(x) = x hard_sigmoid(x), with beta passed as `lo`.
+
+enum Activation : int64_t {
+  kIdentity = 0, kRelu = 1, kClip = 2, kLeakyRelu = 3, kSigmoid = 4, kSilu = 5,
+  kHardSigmoid = 6, kHardSwish = 7, kGelu = 8, kGeluTanh = 9,
+};
 
 struct Epilogue {
   int64_t kind = kIdentity;
@@ -326,10 +417,13 @@ struct Epilogue {
 
   float operator()(float x) const {
     switch (kind) {
+      case kIdentity: return x;
       case kRelu: return x < 0.0f ? 0.0f : x;
       case kClip: return x < lo ? lo : (x > hi ? hi : x);
       case kLeakyRelu: return x < 0.0f ? alpha * x : x;
-      default: return x;
+      case kHardSigmoid: return hard_sigmoid(x);
+      case kHardSwish: return x * hard_sigmoid(x);
+      default: return vfirst((*this)(vset1(x)));  // the vector path's bits, whichever path a value takes
     }
   }
   V operator()(V x) const {
@@ -337,13 +431,31 @@ struct Epilogue {
       case kRelu: return vclamp_lo(x, 0.0f);
       case kClip: return vclamp_hi(vclamp_lo(x, lo), hi);
       case kLeakyRelu: return vleaky(x, alpha);
+      case kSigmoid: return vsigmoid(x);
+      case kSilu: return vmul(x, vsigmoid(x));
+      case kHardSigmoid: return hard_sigmoid(x);
+      case kHardSwish: return vmul(x, hard_sigmoid(x));
+      case kGelu: return vgelu(x);
+      case kGeluTanh:  // x (1 + tanh(u)) / 2 = x sigmoid(2 u), u = sqrt(2/pi) (x + 0.044715 x^3)
+        return vmul(x, vsigmoid(vmul(x, vfma(vmul(x, x), vset1(0.0713548162726f), vset1(1.5957691216057f)))));
       default: return x;
     }
+  }
+
+ private:
+  V hard_sigmoid(V x) const { return vclamp_hi(vclamp_lo(vfma(x, vset1(alpha), vset1(lo)), 0.0f), 1.0f); }
+  float hard_sigmoid(float x) const {  // the same bits: one rounding in the fma, NaN kept by the clamps
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+    const float t = std::fma(x, alpha, lo);
+#else
+    const float t = x * alpha + lo;  // as the portable vfma
+#endif
+    return t < 0.0f ? 0.0f : (t > 1.0f ? 1.0f : t);
   }
 };
 
 inline ffi::Error make_epilogue(int64_t kind, float alpha, float lo, float hi, Epilogue* out) {
-  if (kind < kIdentity || kind > kLeakyRelu)
+  if (kind < kIdentity || kind > kGeluTanh)
     return ffi::Error::InvalidArgument("jtile: unknown activation code " + std::to_string(kind));
   *out = Epilogue{kind, alpha, lo, hi};
   return ffi::Error::Success();

@@ -45,8 +45,6 @@ constexpr int kMR = 8;      // output channels per GEMM row panel
 constexpr int kMaxNV = 3;   // slot vectors per GEMM micro-kernel call
 constexpr int64_t kBlock = kMaxNV * W;  // most slots per tile block
 
-inline V vsub(V a, V b) { return vfma(b, vset1(-1.0f), a); }
-
 // B^T d: six values -> six values (also used for the rows, as (B^T d) B).
 inline void input_1d(const V d[6], V v[6]) {
   const V m4 = vset1(-4.0f), m5 = vset1(-5.0f), p4 = vset1(4.0f), two = vset1(2.0f);

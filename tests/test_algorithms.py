@@ -344,3 +344,36 @@ def test_auto_pools_take_the_kernel_except_stride_one_on_small_planes(
     auto = swap_backend(pools, algorithms="auto")
     assert _ffi_calls(auto, x) == (2 if swapped else 0)
     assert tree_allclose(jax.jit(auto)(x), pools(x), rtol=RTOL, atol=ATOL)
+
+
+def _squeeze_excite(p, x, dn=NCHW):
+    """MobileNetV3's squeeze-excitation: global mean, 1x1 conv, relu, 1x1 conv, hard sigmoid, scale."""
+    spatial = (1, 2) if dn[0] == "NHWC" else (2, 3)
+    bias = lambda b: b if dn[2] == "NHWC" else b[:, None, None]  # noqa: E731
+    s = jnp.mean(x, axis=spatial, keepdims=True)
+    s = jax.nn.relu(_conv(s, p["w1"], padding=0, dn=dn) + bias(p["b1"]))
+    s = jax.nn.hard_sigmoid(_conv(s, p["w2"], padding=0, dn=dn) + bias(p["b2"]))
+    return x * s
+
+
+@pytest.mark.parametrize("dn", [NCHW, ("NHWC", "HWIO", "NHWC")])
+def test_auto_runs_single_pixel_convs_on_the_dense_kernel(getkey, tree_allclose, dn):
+    """1x1 convs over a 1x1 image (squeeze-excitation) go to the dense kernel,
+    bias and activation fused, in any layout and at batch 2."""
+    x = jax.random.normal(getkey(), (2, 40, 5, 5))
+    p = dict(w1=jax.random.normal(getkey(), (10, 40, 1, 1)) * 0.3, b1=jax.random.normal(getkey(), (10,)),
+             w2=jax.random.normal(getkey(), (40, 10, 1, 1)) * 0.3, b2=jax.random.normal(getkey(), (40,)))
+    if dn[0] == "NHWC":
+        x = x.transpose(0, 2, 3, 1)
+        p = dict(p, w1=p["w1"].transpose(2, 3, 1, 0), w2=p["w2"].transpose(2, 3, 1, 0))
+    block = lambda p, x: _squeeze_excite(p, x, dn)  # noqa: E731
+    swapped = swap_backend(fuse(block), algorithms="auto")
+    text = str(jax.make_jaxpr(swapped)(p, x))
+    assert text.count("jtile_dense") == 2 and "jtile_conv" not in text
+    assert tree_allclose(swapped(p, x), block(p, x), rtol=RTOL, atol=ATOL)
+
+
+def test_dense_conv_algorithm_explains_the_layers_it_cannot_run(convnet):
+    params, x = convnet
+    with pytest.raises(jtile.UnsupportedError, match=r"'dense'.*conv2d #0 'stem'.*\(3, 3\) window over \(16, 16\)"):
+        swap_conv2d(_convnet, selector="dense")(params, x)

@@ -159,6 +159,75 @@ def test_conv_bias_act_one_op(conv_params, tree_allclose, act, expected):
     assert _same(fused, model, conv_params, x, tree_allclose=tree_allclose, rtol=1e-5, atol=1e-5)
 
 
+def _onnx_hard_sigmoid(y, alpha):
+    """As the ONNX importer lowers HardSigmoid (HardSwish is alpha 1/6)."""
+    return jnp.clip(y * np.float32(alpha) + np.float32(0.5), 0, 1).astype(y.dtype)
+
+
+_SIXTH = float(np.float32(1 / 6))
+
+
+@pytest.mark.parametrize(
+    "act, expected",
+    [
+        (jax.nn.sigmoid, ("sigmoid",)),
+        (jax.nn.silu, ("silu",)),
+        (lambda y: jax.nn.sigmoid(y) * y, ("silu",)),
+        (jax.nn.hard_sigmoid, ("hard_sigmoid", 1 / 6, 0.0)),  # the + 3 joins the bias
+        (lambda y: _onnx_hard_sigmoid(y, 0.2), ("hard_sigmoid", float(np.float32(0.2)), 0.5)),
+        (jax.nn.hard_swish, ("hard_swish", 1 / 6, 0.5)),
+        (lambda y: y * _onnx_hard_sigmoid(y, 1 / 6), ("hard_swish", _SIXTH, 0.5)),
+        (lambda y: _onnx_hard_sigmoid(y, 1 / 6) * y, ("hard_swish", _SIXTH, 0.5)),
+        (lambda y: jax.nn.hard_swish(y + 1.0), ("hard_swish", 1 / 6, 0.5)),  # 1.0 joins the bias
+        (lambda y: y * (jnp.clip((y + 1.0) * 0.25, 0.0, 0.5) * 2.0), ("hard_swish", 0.5, 0.5)),
+        (lambda y: jnp.minimum(jnp.maximum(y + 2.0, 0.0), 4.0) * 0.25, ("hard_sigmoid", 0.25, 0.0)),
+        (lambda y: jax.nn.gelu(y, approximate=False), ("gelu",)),
+        (lambda y: y * (lax.erf(y / np.float32(np.sqrt(2))) + 1.0) * 0.5, ("gelu",)),  # torch's export
+    ],
+)
+@pytest.mark.parametrize("op", ["conv", "dense"])
+def test_smooth_and_hard_activations_fuse(op, act, expected, tree_allclose):
+    x = _normal(2, 3, 8, 8) if op == "conv" else _normal(5, 12)
+    p = dict(w=_normal(6, 3, 3, 3, seed=1) if op == "conv" else _normal(12, 6, seed=1), b=3 * _normal(6, seed=2))
+    if op == "conv":
+        model = lambda p, x: act(_conv(x, p["w"]) + p["b"].reshape(1, -1, 1, 1))  # noqa: E731
+        recipe, name, shape = fusion.conv_bias_act, "conv_bias_act", (2, 6, 8, 8)
+    else:
+        model = lambda p, x: act(x @ p["w"] + p["b"])  # noqa: E731
+        recipe, name, shape = fusion.dense, "dense", (5, 6)
+    fused = recipe(model)
+    ops = _activation_ops(fused, p, x, shape=shape)
+    assert ops - collections.Counter(copy=1) == {name: 1}  # jax.nn.gelu ends in a copy
+    (eqn,) = [e for e in iter_eqns(make_jaxpr(fused, p, x).jaxpr) if e.primitive.name == name]
+    assert eqn.params["activation"] == pytest.approx(expected, rel=1e-7)
+    assert _same(fused, model, p, x, tree_allclose=tree_allclose, rtol=1e-5, atol=1e-5)
+    swapped = jtile.swap_backend(fused, algorithms={"conv2d": "smm", "dense": "gemm"})
+    assert _same(swapped, model, p, x, tree_allclose=tree_allclose, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "act",
+    [
+        lambda y: y * jnp.clip(y / 6 + 0.5, 0.0, 2.0),  # not a hard sigmoid: tops out at 2
+        lambda y: y * jax.nn.sigmoid(2.0 * y),  # swish with beta 2
+        lambda y: jax.nn.sigmoid(y) * jax.nn.relu(y),
+        lambda y: y * jnp.clip(y / 6 + 0.5, 0.0, 1.0) * jax.nn.sigmoid(y),
+        lambda y: y * (lax.erf(y / 2.0) + 1.0) * 0.5,  # erf of the wrong scale
+        lambda y: jax.nn.relu(y) + jax.nn.sigmoid(y),
+        lambda y: y * (lax.erf(y / np.float32(np.sqrt(2))) + 1.0),  # twice GELU
+    ],
+)
+def test_activations_not_recognised_keep_one_conv_and_the_result(act, conv_params, tree_allclose):
+    """Branches of `y` that meet but are no known activation: `y` is computed
+    once (one conv op) and the rest stays in jnp, with the same result."""
+    x = _normal(2, 3, 8, 8)
+    model = lambda p, x: act(_conv(x, p["w"]) + p["b"].reshape(1, -1, 1, 1))  # noqa: E731
+    fused = fusion.fuse(model)
+    ops = _ops(fused, conv_params, x)
+    assert ops["conv_bias_act"] + ops["conv_general_dilated"] == 1
+    assert _same(fused, model, conv_params, x, tree_allclose=tree_allclose, rtol=1e-5, atol=1e-5)
+
+
 def _residual_block(p, x, downsample: bool):
     """A ResNet basic block: conv-bias-relu, conv-bias, + shortcut, relu."""
     bias = lambda name: p[name].reshape(1, -1, 1, 1)  # noqa: E731
@@ -337,3 +406,52 @@ def test_crop_dead_taps_keeps_the_conv_and_drops_taps_that_read_padding(getkey, 
     (eqn,) = [e for e in jax.make_jaxpr(cropped)(x, w).eqns if e.primitive.name == "conv_general_dilated"]
     assert eqn.invars[1].aval.shape[2] == taps
     np.testing.assert_allclose(cropped(x, w), conv(x, w), rtol=1e-5, atol=1e-5)
+
+
+def _onnx_conv_then(nodes, opset: int):
+    """An ONNX graph: Conv (bias) -> the activation `nodes` (input "y", output "out")."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w, b = numpy_helper.from_array(_normal(4, 3, 3, 3, seed=1), "w"), numpy_helper.from_array(_normal(4, seed=2), "b")
+    conv = helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])
+    graph = helper.make_graph(
+        [conv, *nodes], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 6])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4, 6, 6])], [w, b])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _onnx_const(name, value):
+    from onnx import helper, numpy_helper
+
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(value, np.float32)))
+
+
+@pytest.mark.parametrize(
+    "nodes, opset, expected",
+    [
+        ([("Sigmoid", ["y"], ["s"]), ("Mul", ["y", "s"], ["out"])], 17, "silu"),
+        ([("HardSwish", ["y"], ["out"])], 17, "hard_swish"),
+        ([("Sigmoid", ["y"], ["out"])], 17, "sigmoid"),
+        ([("Gelu", ["y"], ["out"])], 20, "gelu"),
+        ([("Div", ["y", "sqrt2"], ["d"]), ("Erf", ["d"], ["e"]), ("Add", ["e", "one"], ["a"]),
+          ("Mul", ["y", "a"], ["m"]), ("Mul", ["m", "half"], ["out"])], 17, "gelu"),  # torch's GELU at opset 17
+    ],
+)
+def test_onnx_imported_activations_fuse_and_match_onnxruntime(nodes, opset, expected, tree_allclose):
+    import onnxruntime as ort
+    from onnx import helper
+
+    import jtile.onnx
+
+    consts = [_onnx_const("sqrt2", np.sqrt(2)), _onnx_const("one", 1.0), _onnx_const("half", 0.5)]
+    proto = _onnx_conv_then([*consts, *(helper.make_node(op, i, o) for op, i, o in nodes)], opset)
+    model = jtile.onnx.load(proto)
+    x = _normal(1, 3, 6, 6, seed=3)
+    folded = fusion.fold_params(model.fn, model.params)
+    (eqn,) = [e for e in iter_eqns(make_jaxpr(folded, x).jaxpr) if e.primitive.name == "conv_bias_act"]
+    assert eqn.params["activation"][0] == expected
+    assert _activation_ops(folded, x, shape=(1, 4, 6, 6)) == {"conv_bias_act": 1}
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    (want,) = session.run(None, {"x": x})
+    swapped = jtile.swap_backend(folded, algorithms={"conv2d": "smm"})
+    assert tree_allclose(np.asarray(swapped(x)), want, rtol=1e-5, atol=1e-5)

@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 import jtile
 from jtile import kernels
 
-ACTIVATIONS = [None, "relu", "relu6", "clip", "leaky_relu"]
-EPILOGUE = dict(alpha=0.2, clip=(-0.5, 0.75))
+ACTIVATIONS = [None, "relu", "relu6", "clip", "leaky_relu", "sigmoid", "silu", "hard_sigmoid", "hard_swish",
+               "gelu", "gelu_tanh"]
+EPILOGUE = dict(alpha=0.2, beta=0.5, clip=(-0.5, 0.75))
 TOL = dict(rtol=1e-4, atol=1e-4)
 
 
@@ -122,6 +123,56 @@ def test_dense_matches_reference(m, k, n, activation, bias, transpose_w, traced,
     kw = dict(activation=activation, transpose_w=transpose_w, **EPILOGUE)
     run = jax.jit(lambda x, w: kernels.dense(x, w, b, **kw)) if traced else lambda x, w: kernels.dense(x, w, b, **kw)
     np.testing.assert_allclose(run(x, w), kernels.dense_reference(x, w, b, **kw), rtol=1e-4, atol=3e-4)
+
+
+# Every kernel path that ends in an epilogue, on odd sizes (vector tails take
+# the scalar path) with pre-activations spanning about +-8, so that every
+# activation's saturated and linear regions are both reached.
+_EPILOGUE_PATHS = {  # name -> (x shape, w shape, conv algorithm or "dense", config)
+    "direct": ((2, 5, 9, 11), (13, 5, 3, 3), "direct", dict(padding=((1, 0), (0, 2)))),
+    "smm channel rows": ((1, 6, 23, 21), (13, 6, 3, 3), "smm", dict(padding=((1, 1), (1, 1)))),
+    "smm pixel rows": ((2, 40, 7, 9), (70, 40, 3, 3), "smm", dict(padding=((1, 1), (1, 1)))),
+    "smm pointwise": ((1, 24, 9, 9), (37, 24, 1, 1), "smm", dict()),
+    "winograd": ((2, 16, 19, 17), (21, 16, 3, 3), "winograd", dict(padding=((1, 1), (1, 1)))),
+    "depthwise": ((1, 19, 15, 13), (19, 1, 5, 5), "depthwise",
+                  dict(groups=19, stride=(2, 2), padding=((2, 2), (2, 2)))),
+    "dense gemv": ((3, 77), (77, 45), "dense", dict()),
+    "dense gemm": ((21, 77), (45, 77), "dense", dict(transpose_w=True)),
+}
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS[5:])
+@pytest.mark.parametrize("path", sorted(_EPILOGUE_PATHS))
+def test_every_kernel_path_applies_every_activation(path, activation):
+    x_shape, w_shape, algorithm, config = _EPILOGUE_PATHS[path]
+    rng = np.random.default_rng(5)
+    dense = algorithm == "dense"
+    fan_in = min(w_shape) if dense else np.prod(w_shape[1:])
+    x, w = _normal(rng, x_shape), _normal(rng, w_shape) * (4 / np.sqrt(fan_in))
+    b = _normal(rng, w_shape[0] if config.get("transpose_w", not dense) else w_shape[1])
+    kw = dict(activation=activation, alpha=1 / 6, beta=0.5)
+    if dense:
+        got, plain = kernels.dense(x, w, b, **config, **kw), kernels.dense_reference(x, w, b, **config)
+    else:
+        got = kernels.conv2d(x, w, b, algorithm=algorithm, **config, **kw)
+        plain = kernels.conv2d_reference(x, w, b, **config)
+    assert 6 < float(np.abs(plain).max()) < 40  # both regions of every activation are reached
+    np.testing.assert_allclose(got, kernels.activation_reference(plain, **kw), rtol=1e-4, atol=2e-4)
+
+
+def test_activation_reference_is_what_jax_nn_computes():
+    """The fused activations mean what jax.nn (and ONNX HardSigmoid) mean."""
+    y = jnp.linspace(-9.0, 9.0, 1001)
+    expected = {
+        "sigmoid": jax.nn.sigmoid(y), "silu": jax.nn.silu(y), "hard_swish": jax.nn.hard_swish(y),
+        "hard_sigmoid": jax.nn.hard_sigmoid(y), "gelu": jax.nn.gelu(y, approximate=False),
+        "gelu_tanh": jax.nn.gelu(y, approximate=True),
+    }
+    for activation, want in expected.items():
+        got = kernels.activation_reference(y, activation, alpha=1 / 6, beta=0.5)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=activation)
+    onnx = kernels.activation_reference(y, "hard_sigmoid", alpha=0.2, beta=0.5)
+    np.testing.assert_allclose(onnx, np.clip(0.2 * np.asarray(y) + 0.5, 0, 1), rtol=1e-6, atol=1e-7)
 
 
 # In-place matrix-vector paths (traced w, few rows), and the packed GEMM over
@@ -283,8 +334,8 @@ def test_conv2d_support_explains_what_cannot_run():
 
 def test_bad_arguments_raise_config_error():
     x = jnp.ones((1, 2, 5, 5))
-    with pytest.raises(jtile.ConfigError, match="unknown activation 'gelu'"):
-        kernels.conv2d(x, jnp.ones((3, 2, 3, 3)), activation="gelu")
+    with pytest.raises(jtile.ConfigError, match="unknown activation 'swish'"):
+        kernels.conv2d(x, jnp.ones((3, 2, 3, 3)), activation="swish")
     with pytest.raises(jtile.ConfigError, match=r"residual must have the output's shape \(1, 3, 3, 3\)"):
         kernels.conv2d(x, jnp.ones((3, 2, 3, 3)), algorithm="smm", residual=jnp.ones((1, 3, 5, 5)))
     with pytest.raises(jtile.ConfigError, match="do not chain"):

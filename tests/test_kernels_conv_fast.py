@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 from jtile import kernels
 from jtile._errors import UnsupportedError
 
-ACTIVATIONS = [None, "relu", "relu6", "clip", "leaky_relu"]
-EPILOGUE = dict(alpha=0.2, clip=(-0.5, 0.75))
+ACTIVATIONS = [None, "relu", "relu6", "clip", "leaky_relu", "sigmoid", "silu", "hard_sigmoid", "hard_swish",
+               "gelu", "gelu_tanh"]
+EPILOGUE = dict(alpha=0.2, beta=0.5, clip=(-0.5, 0.75))
 TARGETS = ("jtile_conv_winograd", "jtile_conv_depthwise")
 
 

@@ -32,35 +32,45 @@ def _normal(rng, shape):
     return rng.standard_normal(shape).astype(np.float32)
 
 
+# XLA's own activations, for the kernels' fused ones (hard ones as ONNX writes
+# them, with alpha 1/6 and beta 0.5: HardSwish).
+XLA_ACTIVATIONS = {
+    None: lambda y: y, "relu": jax.nn.relu, "sigmoid": jax.nn.sigmoid, "silu": jax.nn.silu,
+    "hard_sigmoid": lambda y: jnp.clip(y * np.float32(1 / 6) + np.float32(0.5), 0.0, 1.0),
+    "hard_swish": lambda y: y * jnp.clip(y * np.float32(1 / 6) + np.float32(0.5), 0.0, 1.0),
+    "gelu": lambda y: jax.nn.gelu(y, approximate=False), "gelu_tanh": lambda y: jax.nn.gelu(y, approximate=True),
+}
+HARD = dict(alpha=1 / 6, beta=0.5)
+
+
 def _conv_case(x_shape, w_shape, algorithm, **config):
     def make(rng):
         return _normal(rng, x_shape), _normal(rng, w_shape), _normal(rng, w_shape[0])
 
     def kernel(x, w, b):
-        return kernels.conv2d(x, w, b, algorithm=algorithm, **config)
+        return kernels.conv2d(x, w, b, algorithm=algorithm, **config, **HARD)
 
     def reference(x, w, b):
         y = lax.conv_general_dilated(
             x, w, config.get("stride", (1, 1)), config.get("padding", ((0, 0), (0, 0))),
             rhs_dilation=config.get("dilation", (1, 1)), dimension_numbers=("NCHW", "OIHW", "NCHW"),
             feature_group_count=config.get("groups", 1))
-        y = y + b[None, :, None, None]
-        return jax.nn.relu(y) if config.get("activation") == "relu" else y
+        return XLA_ACTIVATIONS[config.get("activation")](y + b[None, :, None, None])
 
     return make, kernel, reference
 
 
-def _dense_case(m, k, n, transpose_w=False, traced=False):
+def _dense_case(m, k, n, transpose_w=False, traced=False, activation=None):
     def make(rng):
         w_shape = (n, k) if transpose_w else (k, n)
         return _normal(rng, (m, k)), _normal(rng, w_shape), _normal(rng, n)
 
     def kernel(x, w, b):
-        call = lambda x, w, b: kernels.dense(x, w, b, transpose_w=transpose_w)  # noqa: E731
+        call = lambda x, w, b: kernels.dense(x, w, b, transpose_w=transpose_w, activation=activation, **HARD)  # noqa: E731
         return jax.jit(call)(x, w, b) if traced else call(x, w, b)
 
     def reference(x, w, b):
-        return jnp.dot(x, w.T if transpose_w else w) + b
+        return XLA_ACTIVATIONS[activation](jnp.dot(x, w.T if transpose_w else w) + b)
 
     return make, kernel, reference
 
@@ -89,6 +99,27 @@ CASES = {
     "conv_winograd_blocks": _conv_case((2, 4, 78, 78), (4, 4, 3, 3), "winograd", padding=((1, 1), (1, 1))),
     "conv_depthwise": _conv_case((1, 6, 25, 26), (12, 1, 3, 3), "depthwise", groups=6, stride=(2, 2),
                                  padding=((1, 1), (1, 1))),
+    # the transcendental and hard epilogues, each on two kernel paths at least
+    "conv_direct_silu": _conv_case((2, 5, 17, 16), (6, 5, 3, 2), "direct", stride=(2, 1),
+                                   padding=((1, 0), (2, 1)), activation="silu"),
+    "conv_smm_channel_rows_hard_swish": _conv_case((1, 6, 20, 20), (16, 6, 3, 3), "smm",
+                                                   padding=((1, 1), (1, 1)), activation="hard_swish"),
+    "conv_smm_pixel_rows_sigmoid": _conv_case((2, 40, 7, 7), (64, 40, 3, 3), "smm", padding=((1, 1), (1, 1)),
+                                              activation="sigmoid"),
+    "conv_smm_pointwise_gelu": _conv_case((2, 8, 9, 9), (16, 8, 1, 1), "smm", activation="gelu"),
+    "conv_winograd_silu": _conv_case((2, 6, 13, 18), (5, 6, 3, 3), "winograd", padding=((1, 2), (0, 1)),
+                                     activation="silu"),
+    "conv_winograd_panels_hard_sigmoid": _conv_case((1, 16, 56, 56), (16, 16, 3, 3), "winograd",
+                                                    padding=((1, 1), (1, 1)), activation="hard_sigmoid"),
+    "conv_depthwise_hard_swish": _conv_case((1, 6, 25, 26), (12, 1, 3, 3), "depthwise", groups=6, stride=(2, 2),
+                                            padding=((1, 1), (1, 1)), activation="hard_swish"),
+    "conv_depthwise_gelu_tanh": _conv_case((1, 6, 25, 26), (6, 1, 5, 5), "depthwise", groups=6,
+                                           padding=((2, 2), (2, 2)), activation="gelu_tanh"),
+    "dense_gemv_sigmoid": _dense_case(1, 600, 70, activation="sigmoid"),
+    "dense_gemv_nk_gelu": _dense_case(2, 600, 70, transpose_w=True, activation="gelu"),
+    "dense_gemm_silu": _dense_case(9, 300, 70, activation="silu"),
+    "dense_gemm_traced_hard_sigmoid": _dense_case(20, 300, 40, transpose_w=True, traced=True,
+                                                  activation="hard_sigmoid"),
     "dense_gemv": _dense_case(1, 600, 70),
     "dense_gemv_rows": _dense_case(3, 300, 40),
     "dense_gemv_nk": _dense_case(2, 600, 70, transpose_w=True),
@@ -218,9 +249,40 @@ def measure_other_errors() -> dict[str, dict[str, float]]:
     return errors
 
 
+def _activations_f64(y: np.ndarray) -> dict[str, np.ndarray]:
+    from math import erf
+
+    sigmoid = 1 / (1 + np.exp(-y))
+    hard = np.clip(y / 6 + 0.5, 0, 1)
+    tanh = np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y**3))
+    return {"sigmoid": sigmoid, "silu": y * sigmoid, "hard_sigmoid": hard, "hard_swish": y * hard,
+            "gelu": y * (1 + np.vectorize(erf)(y / np.sqrt(2))) / 2, "gelu_tanh": y * (1 + tanh) / 2}
+
+
+def measure_activation_errors() -> dict[str, dict[str, float]]:
+    """The same for each fused activation after a 1x1 conv (smm) and a depthwise
+    3x3 (MobileNetV2's 144 channels at 56x56), against XLA's conv and jax.nn's activation."""
+    errors = {}
+    for layer, algorithm in (("mobilenet 1x1 144->24 @56", "smm"), ("mobilenet dw 3x3 144 @56", "depthwise")):
+        x_shape, w_shape, stride, padding, groups = ACCURACY_LAYERS[layer]
+        rng = np.random.default_rng(2)
+        x, w = _normal(rng, x_shape), 3 * _normal(rng, w_shape) / np.sqrt(np.prod(w_shape[1:]))
+        conv64 = _conv_f64(x, w, stride, padding, groups)
+        conv = lax.conv_general_dilated(x, w, stride, padding, dimension_numbers=("NCHW", "OIHW", "NCHW"),
+                                        feature_group_count=groups)
+        for activation, want in _activations_f64(conv64).items():
+            got = kernels.conv2d(x, w, algorithm=algorithm, stride=stride, padding=padding, groups=groups,
+                                 activation=activation, **HARD)
+            scale = np.abs(want).max()
+            errors[f"{layer} + {activation}"] = {
+                a: float(np.abs(np.asarray(y) - want).max() / scale)
+                for a, y in (("default", XLA_ACTIVATIONS[activation](conv)), (algorithm, got))}
+    return errors
+
+
 @pytest.mark.slow
 def test_kernel_errors_stay_within_the_documented_tolerance():
-    errors = {**measure_conv_errors(), **measure_other_errors()}
+    errors = {**measure_conv_errors(), **measure_other_errors(), **measure_activation_errors()}
     print(json.dumps(errors, indent=1))
     for layer, found in errors.items():
         for algorithm, error in found.items():

@@ -236,3 +236,55 @@ def test_fused_cli_export_folds_batch_norm_into_the_convs(tmp_path, capsys, name
     assert ops.count("Conv") == [n.op_type for n in plain_model.graph.node].count("Conv")
     x = _normal(1, 3, 32, 32, seed=3)
     np.testing.assert_allclose(_run(fused_model, x)[0], _run(plain_model, x)[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "activation, op_types",
+    [
+        (("sigmoid",), {"Sigmoid"}),
+        (("silu",), {"Sigmoid", "Mul"}),
+        (("hard_sigmoid", 0.2, 0.5), {"HardSigmoid"}),
+        (("hard_swish", float(np.float32(1 / 6)), 0.5), {"HardSwish"}),
+        (("hard_swish", 0.25, 0.375), {"HardSigmoid", "Mul"}),
+        (("gelu",), {"Erf"}),
+        (("gelu_tanh",), {"Tanh"}),
+    ],
+)
+def test_fused_activations_export_and_run_in_onnxruntime(activation, op_types):
+    """A conv and a dense op with each fused activation: written as ONNX
+    activation nodes, ORT computes what the fused ops compute in jax."""
+    from jtile import _fused
+
+    x, w, b = _normal(2, 3, 7, 7), _normal(5, 3, 3, 3, scale=1.5, seed=1), _normal(5, scale=2.0, seed=2)
+    fc, fc_b = _normal(5 * 49, 4, scale=0.2, seed=3), _normal(4, seed=4)
+    conv = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), ((1, 1), (1, 1)), dimension_numbers=("NCHW", "OIHW", "NCHW"))  # noqa: E731
+    conv_params = {k: v for k, v in jax.make_jaxpr(conv)(x, w).eqns[0].params.items() if k != "out_sharding"}
+
+    def model(x):
+        y = _fused.conv_bias_act(x, w, b.reshape(1, -1, 1, 1), activation=activation, **conv_params)
+        return _fused.dense(y.reshape(2, -1), fc, fc_b.reshape(1, -1), activation=activation,
+                            dimension_numbers=(((1,), (0,)), ((), ())))
+
+    exported = jtile.onnx.export(model, x)
+    assert op_types <= {n.op_type for n in exported.graph.node}
+    (got,) = _run(exported, x)
+    np.testing.assert_allclose(got, jax.jit(model)(x), rtol=1e-5, atol=1e-5)
+
+
+def test_fused_swish_models_round_trip_through_onnxruntime():
+    """`fuse` turns x * sigmoid(x) and ONNX HardSwish into fused ops; the export
+    writes them back as Sigmoid + Mul and HardSwish, and ORT agrees."""
+    x, w1, w2 = _normal(1, 3, 9, 9), _normal(6, 3, 3, 3, seed=1), _normal(4, 6, 1, 1, seed=2)
+    conv = lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NCHW", "OIHW", "NCHW"))  # noqa: E731
+
+    def model(x):
+        y = jax.nn.silu(conv(x, w1))
+        z = conv(y, w2)
+        return z * jnp.clip(z * np.float32(1 / 6) + np.float32(0.5), 0, 1)
+
+    fused = fusion.fuse(model)
+    exported = jtile.onnx.export(fused, x)
+    ops = [n.op_type for n in exported.graph.node]
+    assert ops.count("Conv") == 2 and "HardSwish" in ops and "Sigmoid" in ops
+    (got,) = _run(exported, x)
+    np.testing.assert_allclose(got, jax.jit(model)(x), rtol=1e-5, atol=1e-5)

@@ -12,12 +12,31 @@ params (`fold_params`) to get folded constants.
 `BiasAct` turns `op -> add(bias) -> activation` into one `conv_bias_act` or
 `dense` op. A conv chain also takes one residual before its activation: an
 `add` whose other operand has the output's shape (a ResNet shortcut), or
-another conv chain (a downsampling shortcut, finished first and added). Activations recognised: `max` with a scalar literal (relu when
-0), `min` with one, `clamp` with two (relu6, Clip), in any combination that is
-a clip; and leaky relu, `select_n(y >= 0, alpha * y, y)` (`jax.nn.leaky_relu`,
-`jnp.where` as the zoo writes it), whose three uses of `y` the plan accepts
-together. The bias may be on either side of the add; it must be a scalar or
-vary along one output axis (for a conv, the feature axis).
+another conv chain (a downsampling shortcut, finished first and added). The
+bias may be on either side of the add; it must be a scalar or vary along one
+output axis (for a conv, the feature axis). Activations recognised:
+
+- `max` with a scalar literal (relu when 0), `min` with one, `clamp` with two
+  (relu6, Clip), in any combination that is a clip;
+- `logistic` (sigmoid);
+- hard sigmoid: an affine map with scalar literals, one clip, an affine map,
+  that together are `clip(alpha * y + beta, 0, 1)` (ONNX HardSigmoid,
+  `jax.nn.hard_sigmoid`'s `relu6(y + 3) / 6`);
+- activations whose branches of ops on `y` meet again, which the plan accepts
+  together: leaky relu, `select_n(y >= 0, alpha * y, y)` (`jax.nn.leaky_relu`,
+  `jnp.where`); SiLU, `y * sigmoid(y)`; hard swish, `y * hard_sigmoid(y)`
+  (ONNX HardSwish, `jax.nn.hard_swish`); GELU, `y * Phi(y)` written with
+  `erf` or `erfc` and scalar literals (`jax.nn.gelu`, ONNX Gelu, torch's
+  opset-17 export `y * (1 + erf(y / sqrt 2)) * 0.5`).
+
+A value with several uses is a *shared* chain: each op on a branch is held
+back (`Deferred`) until the branches meet, and if they form no activation the
+value is still computed once.
+
+!!! warning
+
+    GELU's tanh approximation is a kernel epilogue (`("gelu_tanh",)`) but is
+    not recognised here: its `tanh` composition stays in XLA after the fused op.
 """
 
 import dataclasses
@@ -67,8 +86,8 @@ def _output_axes(eqn) -> frozenset:
     return frozenset(range(eqn.outvars[0].aval.ndim))
 
 
-def _fits(value, ndim: int, allowed: frozenset) -> bool:
-    axes = _axes(np.shape(value), ndim)
+def _fits(shape, ndim: int, allowed: frozenset) -> bool:
+    axes = _axes(shape, ndim)
     return axes is not None and len(axes) <= 1 and set(axes) <= allowed
 
 
@@ -113,6 +132,7 @@ class _Chain:
     shift: object = None
     activation: tuple | None = None
     residual: object = None
+    shared: bool = False  # the value branches into an activation's several uses (see `BiasAct.branch`)
 
 
 def _as_dtype(value, dtype):
@@ -152,7 +172,7 @@ class Affine(ChainRecipe):
             s = 1.0 / c if s is None else s / c
             t = None if t is None else t / c
         ndim = chain.eqn.outvars[0].aval.ndim
-        if s is not None and not _fits(s, ndim, _output_axes(chain.eqn)):
+        if s is not None and not _fits(np.shape(s), ndim, _output_axes(chain.eqn)):
             return None
         return dataclasses.replace(chain, scale=s, shift=t)
 
@@ -181,25 +201,193 @@ def _clip_step(activation: tuple, name: str, pos: int, consts: tuple) -> tuple |
     return ("relu",) if (lo, hi) == (0.0, math.inf) else ("clip", lo, hi)
 
 
-def _leaky_users(users: list, consts: dict, all_users: dict) -> bool:
-    """`where(y >= 0, y, alpha * y)`: `ge(y, 0)`, `mul(y, alpha)` and a `select_n`
-    taking both results and `y`, with nothing else using either result."""
-    by_name = {eqn.primitive.name: (eqn, pos, outs) for eqn, pos, outs in users}
-    if len(users) != 3 or set(by_name) != {"ge", "mul", "select_n"}:
+_BRANCH_OPS = 8  # most ops on one branch of an activation (ONNX HardSwish has 4, leaky relu 1)
+
+
+def _branches_meet(users: list, consts: dict, all_users: dict) -> bool:
+    """The uses of a chain `y` are the branches of one activation: each runs
+    through ops whose other operands are scalar literals (each result used
+    once), and all end in one join, a `mul` or `select_n` (`y * sigmoid(y)`,
+    `y * clip(y / 6 + 0.5, 0, 1)`, `where(y >= 0, y, alpha * y)`)."""
+    paths = []
+    for eqn, _, outs in users:
+        path = [eqn]
+        while len(outs) == 1 and len(all_users.get(outs[0], ())) == 1 and len(path) <= _BRANCH_OPS:
+            ((eqn, _, outs),) = all_users[outs[0]]
+            path.append(eqn)
+        paths.append(path)
+    ids = [[id(e) for e in path] for path in paths]
+    join = next((e for e in paths[0] if all(id(e) in i for i in ids)), None)
+    if join is None or join.primitive.name not in ("mul", "select_n"):
         return False
-    (ge, gpos, gouts), (mul, mpos, mouts) = by_name["ge"], by_name["mul"]
-    select, spos, souts = by_name["select_n"]
-    return (
-        gpos == 0 and consts[id(ge)][1] == 0.0 and consts[id(mul)][1 - mpos] is not None
-        and spos == 2 and len(select.invars) == 3
-        and all_users[gouts[0]] == [(select, 0, souts)] and all_users[mouts[0]] == [(select, 1, souts)]
-    )
+    return all(sum(c is None for c in consts[id(e)]) == 1
+               for path, i in zip(paths, ids) for e in path[: i.index(id(join))])
+
+
+def _unwind(state):
+    """`(chain, [(primitive, pos, consts), ...])`: the chain a run of deferred
+    ops starts from, and the ops in order, or None if it is not one run."""
+    ops = []
+    while isinstance(state, Deferred):
+        pending = [(i, x) for i, x in enumerate(state.invals) if isinstance(x, Pending)]
+        if len(pending) != 1:
+            return None
+        ((pos, value),) = pending
+        ops.append((state.eqn.primitive.name, pos, state.consts))
+        state = value.state
+    return (state, ops[::-1]) if isinstance(state, _Chain) else None
+
+
+def _hard_gate(ops, activation: tuple) -> tuple | None:
+    """`(alpha, beta)` if `activation` then `ops` compute `clip(alpha * y + beta,
+    0, 1)`: an affine map with scalar literals, one clip, an affine map, in any
+    form (`clip(y * alpha + beta, 0, 1)` as ONNX HardSigmoid lowers, `relu6(y +
+    3) / 6` as `jax.nn.hard_sigmoid` writes it), else None."""
+    if activation not in ((), ("relu",)) and activation[0] != "clip":
+        return None
+    (a, b), (p, q) = (1.0, 0.0), (1.0, 0.0)  # clip(a y + b, lo, hi) * p + q
+    clipped = bool(activation)
+    lo, hi = {(): (-math.inf, math.inf), ("relu",): (0.0, math.inf)}.get(activation, activation[1:])
+    for name, pos, consts in ops:
+        if name not in ("max", "min", "clamp", "mul", "div", "add"):
+            return None
+        c = consts[1 - pos] if name != "clamp" else None
+        if name in ("max", "min", "clamp"):
+            if (p, q) != (1.0, 0.0):  # a second clip
+                return None
+            clipped = True
+            if name == "max":
+                lo = max(lo, c)
+            elif name == "min":
+                hi = min(hi, c)
+            else:
+                lo, hi = max(lo, consts[0]), min(hi, consts[2])
+            continue
+        if name == "mul":
+            scale, shift = c, 0.0
+        elif name == "div" and pos == 0:
+            scale, shift = 1.0 / c, 0.0
+        elif name == "add":
+            scale, shift = 1.0, c
+        else:  # c / y
+            return None
+        if clipped:
+            p, q = p * scale, q * scale + shift
+        else:
+            a, b = a * scale, b * scale + shift
+    if not (math.isfinite(lo) and math.isfinite(hi)) or p <= 0:
+        return None
+    if abs(p * lo + q) > 1e-6 or abs(p * hi + q - 1.0) > 1e-6:
+        return None
+    return p * a, p * b + q
+
+
+def _hard_sigmoid(deferred):
+    """The chain with a hard sigmoid activation that `deferred` computes, or None."""
+    unwound = _unwind(deferred)
+    if unwound is None or unwound[0].shared:
+        return None
+    chain, ops = unwound
+    gate = _hard_gate(ops, chain.activation)
+    return None if gate is None else dataclasses.replace(chain, activation=("hard_sigmoid", *gate))
+
+
+def _swish(states: dict):
+    """`y * gate(y)` over one shared chain `y`: silu when the gate is a
+    sigmoid, hard_swish when it is a hard sigmoid."""
+    chains = [s for s in states.values() if isinstance(s, _Chain)]
+    gates = [_unwind(s) for s in states.values() if isinstance(s, Deferred)]
+    if len(chains) != 1 or len(gates) != 1 or gates[0] is None or gates[0][0] is not chains[0]:
+        return None
+    (y,), ((_, ops),) = chains, gates
+    if y.activation:
+        return None
+    if [name for name, _, _ in ops] == ["logistic"]:
+        return dataclasses.replace(y, shared=False, activation=("silu",))
+    gate = _hard_gate(ops, ())
+    return None if gate is None else dataclasses.replace(y, shared=False, activation=("hard_swish", *gate))
+
+
+_SQRT_HALF = math.sqrt(0.5)
+
+
+def _near(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-6 * abs(b)
+
+
+def _gelu_form(state, root):
+    """What `state` computes from the shared chain `root`, as far as GELU needs:
+    `("lin", a, b)` for `a y + b`, `("erf", s)` for `erf(s y)`, `("phi", k)`
+    for `k Phi(y)` (Phi the normal CDF, `(1 + erf(y / sqrt 2)) / 2`) and
+    `("gelu", k)` for `k y Phi(y)`; None for anything else."""
+    if state is root:
+        return ("lin", 1.0, 0.0)
+    if not isinstance(state, Deferred):
+        return None
+    args = []
+    for x, c in zip(state.invals, state.consts):
+        form = _gelu_form(x.state, root) if isinstance(x, Pending) else None if c is None else ("lin", 0.0, c)
+        if form is None:
+            return None
+        args.append(form)
+    return _combine(state.eqn.primitive.name, args)
+
+
+def _scaled(form, c: float):
+    kind, *v = form
+    return ("lin", v[0] * c, v[1] * c) if kind == "lin" else None if kind == "erf" else (kind, v[0] * c)
+
+
+def _combine(name: str, args: list):
+    """`_gelu_form` of `name` applied to operands of the forms `args`."""
+    lin = [a for a in args if a[0] == "lin"]
+    const = [a[2] for a in lin if a[1] == 0.0]
+    if name == "neg":
+        return _scaled(args[0], -1.0)
+    if name in ("erf", "erfc") and args[0][0] == "lin" and args[0][2] == 0.0:
+        s = args[0][1]
+        if name == "erf":
+            return ("erf", s)
+        return ("phi", 2.0) if _near(s, -_SQRT_HALF) else None  # erfc(-y / sqrt 2) = 2 Phi(y)
+    if name == "div" and args[1][0] == "lin" and args[1][1] == 0.0 and args[1][2] != 0.0:
+        return _scaled(args[0], 1.0 / args[1][2])
+    if name == "mul" and const:
+        return _scaled(args[1] if args[0][0] == "lin" and args[0][1] == 0.0 else args[0], const[0])
+    if name == "mul" and len(lin) == 1 and lin[0][2] == 0.0:  # a y * k Phi(y)
+        (other,) = [a for a in args if a is not lin[0]]
+        return ("gelu", lin[0][1] * other[1]) if other[0] == "phi" else None
+    if name == "add" and len(lin) == 2:
+        return ("lin", lin[0][1] + lin[1][1], lin[0][2] + lin[1][2])
+    if name == "add" and const == [1.0] and len(lin) == 1:  # 1 + erf(y / sqrt 2) = 2 Phi(y)
+        (other,) = [a for a in args if a is not lin[0]]
+        return ("phi", 2.0) if other[0] == "erf" and _near(other[1], _SQRT_HALF) else None
+    return None
+
+
+def _root(state):
+    """The chain a state's ops start from (through the first pending operand)."""
+    while isinstance(state, Deferred):
+        state = next(x.state for x in state.invals if isinstance(x, Pending))
+    return state
+
+
+def _gelu(deferred):
+    """The chain with a GELU activation if `deferred` computes `y Phi(y)` from a
+    shared chain `y` (`jax.nn.gelu`'s `erfc` form, torch's `erf` export), else None."""
+    root = _root(deferred)
+    if not (isinstance(root, _Chain) and root.shared and not root.activation):
+        return None
+    form = _gelu_form(deferred, root)
+    if form is None or form[0] != "gelu" or not _near(form[1], 1.0):
+        return None
+    return dataclasses.replace(root, shared=False, activation=("gelu",))
 
 
 class BiasAct(ChainRecipe):
     """conv_bias_act / dense: `op -> add(bias) -> activation`, one fused op."""
 
-    continues = frozenset({"add", "max", "min", "clamp", "ge", "mul", "select_n"})
+    continues = frozenset({"add", "max", "min", "clamp", "ge", "mul", "div", "select_n", "logistic", "neg", "erf",
+                           "erfc"})
 
     def __init__(self, start: str):
         self.starts = frozenset({start})
@@ -207,47 +395,69 @@ class BiasAct(ChainRecipe):
 
     def accepts(self, eqn, pos, consts):
         name = eqn.primitive.name
+        floating = _floating(eqn.outvars[0].aval)
         if name == "add":
             return _per_axis_operand(eqn, pos) or (self._residuals and _full_operand(eqn, pos))
         if name in ("max", "min"):
-            return consts[1 - pos] is not None and _floating(eqn.outvars[0].aval)
+            return consts[1 - pos] is not None and floating
         if name == "select_n":  # the two halves of a leaky relu
             return pos in (0, 1) and len(eqn.invars) == 3
+        if name in ("logistic", "mul", "neg", "erf", "erfc"):  # a sigmoid, a scale, a swish's join, GELU's parts
+            return floating
+        if name == "div":
+            return pos == 0 and consts[1] is not None and floating
         return name == "clamp" and pos == 1 and None not in (consts[0], consts[2])
 
     def accepts_users(self, users, consts, all_users):
-        return _leaky_users(users, consts, all_users)
+        return _branches_meet(users, consts, all_users)
 
     def start(self, eqn, invals):
         return _Chain(eqn, tuple(invals), activation=())
+
+    def branch(self, state):
+        """A chain with several uses is `shared`: ops on it are deferred until
+        its branches meet (`_swish`, `_leaky`), so that if they never form an
+        activation, the chain is still computed once."""
+        return dataclasses.replace(state, shared=True) if isinstance(state, _Chain) else state
 
     def step(self, states, eqn, invals, consts):
         name = eqn.primitive.name
         if name == "select_n":
             return self._leaky(states, consts)
+        if name in ("mul", "add") and len(states) == 2 and len({id(_root(s)) for s in states.values()}) == 1:
+            swish = _swish(states) if name == "mul" else None
+            deferred = Deferred(eqn, tuple(invals), consts)  # two branches of one chain meet
+            return swish or _gelu(deferred) or deferred
         if name == "add" and len(states) == 2:  # two chains meet: a shortcut, for convs only
             return self._residual(states[0], invals[1], eqn) if self._residuals else None
-        if len(states) != 1 or isinstance(next(iter(states.values())), Deferred):
+        if len(states) != 1:
             return None
         ((pos, chain),) = states.items()
-        if name in ("ge", "mul"):
-            return Deferred(eqn, tuple(invals), consts) if consts[1 - pos] is not None else None
+        if isinstance(chain, Deferred) or chain.shared or name in ("ge", "mul", "div", "neg", "erf", "erfc"):
+            # an op on one branch of an activation: held back until the branches meet
+            if name not in self.continues - {"select_n"} or None in consts[:pos] + consts[pos + 1:]:
+                return None
+            deferred = Deferred(eqn, tuple(invals), consts)
+            return _hard_sigmoid(deferred) or _gelu(deferred) or deferred
+        if name == "logistic":
+            return None if chain.activation else dataclasses.replace(chain, activation=("sigmoid",))
         if name == "add":
             ndim = chain.eqn.outvars[0].aval.ndim
             c = invals[1 - pos]
+            shape = np.shape(c) if chain.shift is None else np.broadcast_shapes(np.shape(chain.shift), np.shape(c))
+            if not chain.activation and _fits(shape, ndim, _output_axes(chain.eqn)):
+                # a bias first, even where a residual's shape fits too (a 1x1 output)
+                return dataclasses.replace(chain, shift=c if chain.shift is None else chain.shift + c)
             if self._residuals and _full_operand(eqn, pos):
                 return self._residual(chain, c, eqn)
-            shift = c if chain.shift is None else chain.shift + c
-            if chain.activation or not _fits(shift, ndim, _output_axes(chain.eqn)):
-                return None
-            return dataclasses.replace(chain, shift=shift)
+            return None
         activation = _clip_step(chain.activation, name, pos, consts)
         return None if activation is None else dataclasses.replace(chain, activation=activation)
 
     def _residual(self, chain, other, eqn):
         """`chain + other` with `other` (a value, or a pending chain finished
         here) as the chain's residual, if the chain has none and no activation yet."""
-        if not isinstance(chain, _Chain) or chain.activation or chain.residual is not None:
+        if not isinstance(chain, _Chain) or chain.shared or chain.activation or chain.residual is not None:
             return None
         if isinstance(other, Pending) and not isinstance(other.state, _Chain):
             return None
@@ -268,7 +478,7 @@ class BiasAct(ChainRecipe):
         if at(ge) != [0] or ge.consts[1] != 0.0 or len(at(mul)) != 1:
             return None
         alpha = mul.consts[1 - at(mul)[0]]
-        return dataclasses.replace(chain, activation=("leaky_relu", alpha))
+        return dataclasses.replace(chain, shared=False, activation=("leaky_relu", alpha))
 
     def finish(self, chain):
         eqn, (x, w) = chain.eqn, chain.invals

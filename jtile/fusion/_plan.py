@@ -6,9 +6,10 @@ the uses of every value from `jtile.Graph` (the inlined jaxpr, so that
 `jax.nn.relu` does not hide its `max`, and the bodies of control flow), and
 marks an equation *absorbed* when, at every place its jaxpr is used, its one
 output has exactly one consumer and that consumer accepts a chain at that
-operand (or its consumers are a group the recipe accepts together: the three
-uses of `y` in a leaky relu), and the output is neither a result of the
-function nor an operand of control flow. Accepting depends only on the
+operand (or its consumers are a group the recipe accepts together: the
+branches of an activation, as the three uses of `y` in a leaky relu), and
+the output is neither a result of the function nor an operand of control
+flow. Accepting depends only on the
 consumers' own operand shapes and on which operands are scalar literals, so
 it is decided once per equation.
 
@@ -78,11 +79,13 @@ class _Uses:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """`absorbed`: ids of equations that return a `Pending`; `consts`: per
+    """`absorbed`: ids of equations that return a `Pending`; `branched`: those
+    among them whose result has several uses (accepted together); `consts`: per
     equation id, the scalar literal value of each operand (`None` where it is
     not one), or `None` when call sites disagree."""
 
     absorbed: frozenset
+    branched: frozenset
     consts: dict
     primitives: frozenset
 
@@ -97,6 +100,7 @@ def make_plan(closed: jcore.ClosedJaxpr, recipe: "ChainRecipe") -> Plan:
         if consts.setdefault(id(eqn), c) != c:
             consts[id(eqn)] = None
     absorbed: dict = {}
+    branched: set = set()
     for eqn, _, outs in walk.occurrences:
         users = walk.users[outs[0]] if len(outs) == 1 and outs[0] not in walk.escaped else []
         if any(consts[id(user)] is None for user, _, _ in users):
@@ -106,18 +110,23 @@ def make_plan(closed: jcore.ClosedJaxpr, recipe: "ChainRecipe") -> Plan:
             ok = recipe.accepts(user, pos, consts[id(user)])
         else:
             ok = bool(users) and recipe.accepts_users(users, consts, walk.users)
+            branched.add(id(eqn))
         absorbed[id(eqn)] = absorbed.get(id(eqn), True) and ok
     names = frozenset(eqn.primitive.name for eqn, _, _ in walk.occurrences)
-    return Plan(frozenset(i for i, a in absorbed.items() if a), consts, names)
+    kept = frozenset(i for i, a in absorbed.items() if a)
+    return Plan(kept, kept & branched, consts, names)
 
 
 @dataclasses.dataclass(frozen=True)
 class Pending:
-    """A chain not yet bound: the recipe's state and where its head was."""
+    """A chain not yet bound: the recipe's state and where its head was.
+    Finished once: a value whose several uses all stop the chain (the branches
+    of an activation that is not recognised after all) is bound once."""
 
     state: Any
     traceback: Any
     name_stack: Any
+    finished: list = dataclasses.field(default_factory=list, init=False, compare=False, repr=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +157,10 @@ class ChainRecipe:
     def start(self, eqn, invals):
         raise NotImplementedError
 
+    def branch(self, state):
+        """The state handed to each of several consumers accepted together."""
+        return state
+
     def step(self, states: dict, eqn, invals, consts: tuple):
         """The state after `eqn`, given the states of its pending operands
         `{pos: state}`, or `None` when `eqn` cannot continue them."""
@@ -161,25 +174,30 @@ def finish_pending(recipe: ChainRecipe, value):
     """`value`, or the op its pending chain stands for, bound where the chain began."""
     if not isinstance(value, Pending):
         return value
-    with source_info_util.user_context(value.traceback, name_stack=value.name_stack):
-        if isinstance(value.state, Deferred):
-            return bind(value.state.eqn, *(finish_pending(recipe, x) for x in value.state.invals))[0]
-        return recipe.finish(value.state)
+    if not value.finished:
+        with source_info_util.user_context(value.traceback, name_stack=value.name_stack):
+            if isinstance(value.state, Deferred):
+                out = bind(value.state.eqn, *(finish_pending(recipe, x) for x in value.state.invals))[0]
+            else:
+                out = recipe.finish(value.state)
+        value.finished.append(out)
+    return value.finished[0]
 
 
 def _chain_rule(recipe: ChainRecipe, plan: Plan, eqn, *invals):
     pending = {i: x for i, x in enumerate(invals) if isinstance(x, Pending)}
     absorbed = id(eqn) in plan.absorbed
+    branch = recipe.branch if id(eqn) in plan.branched else lambda state: state
     if pending:
         states = {i: x.state for i, x in pending.items()}
         state = recipe.step(states, eqn, invals, plan.consts.get(id(eqn)))
         if state is not None:
-            new = dataclasses.replace(next(iter(pending.values())), state=state)
+            new = dataclasses.replace(next(iter(pending.values())), state=branch(state))
             return new if absorbed else finish_pending(recipe, new)
     invals = [finish_pending(recipe, x) for x in invals]
     if not pending and absorbed and eqn.primitive.name in recipe.starts:
         stack = source_info_util.current_name_stack()
-        return Pending(recipe.start(eqn, invals), eqn.source_info.traceback, stack)
+        return Pending(branch(recipe.start(eqn, invals)), eqn.source_info.traceback, stack)
     return bind(eqn, *invals)[0]
 
 

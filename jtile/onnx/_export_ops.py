@@ -246,7 +246,23 @@ def activation(g, y: str, act: tuple, dtype) -> str:
         return g.node("Relu", [y])
     if kind == "clip":
         return g.node("Clip", [y, g.const(args[0], dtype), g.const(args[1], dtype)])
-    return g.node("LeakyRelu", [y], alpha=float(args[0]))
+    if kind == "leaky_relu":
+        return g.node("LeakyRelu", [y], alpha=float(args[0]))
+    if kind in ("sigmoid", "silu"):
+        gate = g.node("Sigmoid", [y])
+    elif kind == "hard_swish" and np.float32(args[0]) == np.float32(1 / 6) and np.float32(args[1]) == 0.5:
+        return g.node("HardSwish", [y])
+    elif kind in ("hard_sigmoid", "hard_swish"):
+        gate = g.node("HardSigmoid", [y], alpha=float(args[0]), beta=float(args[1]))
+    elif kind == "gelu":  # opset 18 has no Gelu: x * (1 + erf(x / sqrt 2)) / 2
+        erf = g.node("Erf", [g.node("Mul", [y, g.const(np.sqrt(0.5), dtype)])])
+        gate = g.node("Mul", [g.node("Add", [erf, g.const(1, dtype)]), g.const(0.5, dtype)])
+    else:  # gelu_tanh: (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) / 2
+        cube = g.node("Mul", [g.node("Mul", [y, y]), y])
+        inner = g.node("Add", [y, g.node("Mul", [cube, g.const(0.044715, dtype)])])
+        tanh = g.node("Tanh", [g.node("Mul", [inner, g.const(np.sqrt(2 / np.pi), dtype)])])
+        gate = g.node("Mul", [g.node("Add", [tanh, g.const(1, dtype)]), g.const(0.5, dtype)])
+    return gate if kind in ("sigmoid", "hard_sigmoid") else g.node("Mul", [y, gate])
 
 
 def _conv_bias_act(g, eqn, x, w, bias, *residual):
