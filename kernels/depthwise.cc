@@ -2,16 +2,22 @@
 // (output channel o reads input channel o / multiplier), any kernel size,
 // stride, dilation and padding, NCHW input, OIHW weight (O, 1, KH, KW).
 //
-// Tasks run over (batch, input channel) planes: each plane is copied into a
-// per-worker buffer with its zero padding and its columns split into
-// `stride_w` phases (column i * stride_w + j goes to phase j, index i), so that
-// every tap of every output row is a contiguous, unit-stride vector load.
-// Outputs are accumulated three rows by up to four vectors of W columns at a
-// time in registers, and finished with the fused bias + activation.
+// Channel-blocked, as ONNX Runtime's NCHWc kernels are: a task takes W output
+// channels (one vector's lanes) and a band of output rows. It transposes the
+// input rows the band needs, for the W input channels those outputs read,
+// into a per-worker buffer of padded rows of W-channel vectors (zero in the
+// padding), so that every tap of every output is one aligned vector load and
+// one FMA, whatever the plane's width. Outputs are accumulated B columns at a
+// time in registers (B chosen per layer so that few columns are wasted), the
+// bias and activation applied, and the band is transposed back into the
+// output planes. Small planes (7x7, 14x14) thus fill every lane, and 3x3, 5x5
+// and 7x7 kernels at stride 1 or 2 have unrolled inner loops in which each
+// input vector is loaded once for all the outputs of the block it feeds.
 //
-// The sum runs over every tap, padding included, so NaN and Inf propagate as
-// in the direct definition (0 * Inf in the padding gives NaN, as
-// lax.conv_general_dilated does).
+// The sum runs over every tap, padding included, in the same order (ky, then
+// kx) for every output and every band or thread split, so NaN and Inf
+// propagate as in the direct definition (0 * Inf in the padding gives NaN, as
+// lax.conv_general_dilated does) and results do not depend on the thread count.
 #include <vector>
 
 #include "common.h"
@@ -19,185 +25,240 @@
 namespace jtile {
 namespace {
 
+// r[i] lane j becomes r[j] lane i.
+inline void transpose(V (&r)[W]) {
+#if defined(__AVX512F__)
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i].v, r[2 * i + 1].v);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i].v, r[2 * i + 1].v);
+  }
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 2]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 1]), d = _mm512_castps_pd(t[4 * i + 3]);
+    r[4 * i].v = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+    r[4 * i + 1].v = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+    r[4 * i + 2].v = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
+    r[4 * i + 3].v = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_f32x4(r[i].v, r[4 + i].v, 0x88);
+    t[4 + i] = _mm512_shuffle_f32x4(r[i].v, r[4 + i].v, 0xdd);
+    t[8 + i] = _mm512_shuffle_f32x4(r[8 + i].v, r[12 + i].v, 0x88);
+    t[12 + i] = _mm512_shuffle_f32x4(r[8 + i].v, r[12 + i].v, 0xdd);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i].v = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88);
+    r[8 + i].v = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xdd);
+    r[4 + i].v = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0x88);
+    r[12 + i].v = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0xdd);
+  }
+#else
+  alignas(64) float t[W][W];
+  for (int i = 0; i < W; ++i) vstore(t[i], r[i]);
+  for (int j = 0; j < W; ++j) {
+    alignas(64) float col[W];
+    for (int i = 0; i < W; ++i) col[i] = t[i][j];
+    r[j] = vload(col);
+  }
+#endif
+}
+
 struct Plan {
   ConvShape s;
-  int64_t mult;      // output channels per input channel
-  int64_t rows;      // padded input rows the outputs need
-  int64_t phase;     // stride of one phase row in the plane buffer (floats)
-  std::vector<int64_t> taps;  // buffer offset of each (ky, kx) tap from its output row
-  std::vector<uint32_t> lanes;  // valid lanes of the W-value loads of one padded row
+  int64_t mult;         // output channels per input channel
+  int64_t blocks;       // blocks of W output channels
+  int b;                // output columns per register block
+  int64_t owp;          // output row length rounded up to b
+  int64_t cols;         // padded input columns in the buffer (each W floats)
+  int64_t band;         // output rows per task
+  int64_t bands;
 
-  int64_t plane_size() const { return rows * s.sw * phase + W; }
+  int64_t in_rows(int64_t out_rows) const { return (out_rows - 1) * s.sh + (s.kh - 1) * s.dh + 1; }
+  int64_t in_floats() const { return in_rows(band) * cols * W; }
+  int64_t out_floats() const { return band * owp * W; }
 };
 
-// Values [j W, j W + W) of a padded row whose value k is xrow[k - pl] for the
-// lanes p.lanes[j] marks, zero in the others.
-inline V load_padded(const Plan& p, const float* xrow, int64_t j) {
-  const uint32_t lanes = p.lanes[j];
-  const float* src = xrow + j * W - p.s.pl;
-  if (lanes == (1u << W) - 1u) return vload(src);
-  if (lanes == 0) return vzero();
-#if defined(__AVX512F__)
-  return {_mm512_maskz_loadu_ps(__mmask16(lanes), src)};  // masked-off lanes are not read
-#else
-  alignas(64) float t[W];
-  for (int e = 0; e < W; ++e) t[e] = lanes >> e & 1u ? src[e] : 0.0f;
-  return vload(t);
-#endif
-}
-
-// buf[(r * sw + j) * phase + i] = padded input[r][i * sw + j], zero outside.
-void pad_plane(const Plan& p, const float* x, float* buf) {
+// The input rows output rows [oy0, oy1) read, for output channels [o0, o0 +
+// W), as buf[(r * cols + j) * W + lane] = padded input row oy0 * sh + r,
+// column j, channel (o0 + lane) / mult. Padding columns are zero already
+// (never written); rows in the vertical padding are zeroed here.
+void load_band(const Plan& p, const float* x, int64_t o0, int64_t oy0, int64_t oy1, float* buf) {
   const ConvShape& s = p.s;
-  const int64_t len = s.sw * p.phase;
-  for (int64_t r = 0; r < p.rows; ++r) {
-    const int64_t y = r - s.pt;
-    float* dst = buf + r * len;
-    if (y < 0 || y >= s.h) {
-      for (int64_t i = 0; i < len; i += W) vstore(dst + i, vzero());  // len is a multiple of W
-      continue;
+  const int64_t rows = p.in_rows(oy1 - oy0), first = oy0 * s.sh - s.pt;  // input row of buffer row 0
+  const int64_t y0 = std::max<int64_t>(first, 0), y1 = std::min(first + rows, s.h);
+  for (int64_t r = 0; r < rows; ++r)
+    if (first + r < y0 || first + r >= y1)
+      for (int64_t j = 0; j < p.cols; ++j) vstore(buf + (r * p.cols + j) * W, vzero());
+  if (y0 >= y1) return;
+  const float* planes[W];
+  const int lanes = (int)std::min<int64_t>(W, s.o - o0);
+  for (int i = 0; i < lanes; ++i) planes[i] = x + (o0 + i) / p.mult * s.h * s.w;
+  const int64_t end = y1 * s.w;
+  const int64_t last_col = std::min(s.w, p.cols - s.pl);  // input columns past it are never read
+  for (int64_t q = y0 * s.w; q < end; q += W) {
+    const int count = (int)std::min<int64_t>(W, end - q);
+    V r[W];
+    for (int i = 0; i < W; ++i)
+      r[i] = i >= lanes ? vzero() : count == W ? vload(planes[i] + q) : vload_partial(planes[i] + q, count);
+    transpose(r);
+    int64_t y = q / s.w, ix = q % s.w;
+    for (int j = 0; j < count; ++j) {
+      if (ix < last_col) vstore(buf + ((y - first) * p.cols + ix + s.pl) * W, r[j]);
+      if (++ix == s.w) ix = 0, ++y;
     }
-    const float* xrow = x + y * s.w;
-    // The next plane is likely the next task's: start fetching its row.
-    for (int64_t i = 0; i < s.w; i += 64 / sizeof(float)) __builtin_prefetch(xrow + s.h * s.w + i);
-    int64_t i = 0;
-#if defined(__AVX512F__)
-    if (s.sw == 2) {  // split into even and odd columns with two permutes per 32 values
-      const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-      const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-      for (; i < p.phase; i += W) {
-        const V a = load_padded(p, xrow, 2 * i / W), b = load_padded(p, xrow, 2 * i / W + 1);
-        _mm512_storeu_ps(dst + i, _mm512_permutex2var_ps(a.v, even, b.v));
-        _mm512_storeu_ps(dst + p.phase + i, _mm512_permutex2var_ps(a.v, odd, b.v));
-      }
-    }
-#endif
-    if (s.sw == 1)
-      for (; i < p.phase; i += W) vstore(dst + i, load_padded(p, xrow, i / W));
-    for (; i < p.phase; ++i)  // other strides: one value at a time
-      for (int64_t j = 0; j < s.sw; ++j) {
-        const int64_t k = i * s.sw + j;
-        dst[j * p.phase + i] = k >= s.pl && k < s.pl + s.w ? xrow[k - s.pl] : 0.0f;
-      }
   }
 }
 
-// NB vectors from column ox0 of R output rows from oy, for output channel
-// weights wo. Rows3x3: a 3x3 kernel with row stride and row dilation 1, where
-// output rows share input rows: each input vector is loaded once for all the
-// taps and output rows it feeds.
-template <int NB, int R, bool Rows3x3>
-inline void row_block(const Plan& p, const float* buf, const float* wo, int64_t oy, int64_t ox0,
-                      float bias, const Epilogue& ep, float* y) {
+// B output columns from the buffer position `in` (row oy * sh, column ox0 *
+// sw of the band) into out (B vectors), with the bias and the activation.
+// KW > 0: a KW-wide kernel at column stride S and dilation 1, unrolled so
+// that each input vector is loaded once for every output it feeds; KW == 0:
+// any width, stride and dilation.
+template <int KW, int S, int B>
+inline void out_block(const Plan& p, const float* in, const float* wt, V bias, const Epilogue& ep,
+                      float* out) {
   const ConvShape& s = p.s;
-  const int64_t row_stride = s.sh * s.sw * p.phase;
-  const float* row = buf + oy * row_stride + ox0;
-  V acc[R][NB];
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NB; ++v) acc[r][v] = vzero();
-  if constexpr (Rows3x3) {
+  V acc[B];
+  for (int b = 0; b < B; ++b) acc[b] = vzero();
+  for (int64_t ky = 0; ky < s.kh; ++ky) {
+    const float* row = in + ky * s.dh * p.cols * W;
+    if constexpr (KW > 0) {
+      const float* wrow = wt + ky * KW * W;
+      V wv[KW];
+      for (int kx = 0; kx < KW; ++kx) wv[kx] = vload(wrow + kx * W);
+#pragma GCC unroll 32
+      for (int j = 0; j < (B - 1) * S + KW; ++j) {
+        const V xv = vload(row + j * W);
 #pragma GCC unroll 8
-    for (int in = 0; in < R + 2; ++in)
-#pragma GCC unroll 3
-      for (int kx = 0; kx < 3; ++kx) {
-        V xv[NB];
-        for (int v = 0; v < NB; ++v) xv[v] = vload(row + in * row_stride + p.taps[kx] + v * W);
-#pragma GCC unroll 3
-        for (int ky = 0; ky < 3; ++ky) {
-          if (in - ky < 0 || in - ky >= R) continue;
-          const V wv = vset1(wo[ky * 3 + kx]);
-          for (int v = 0; v < NB; ++v) acc[in - ky][v] = vfma(wv, xv[v], acc[in - ky][v]);
+        for (int b = 0; b < B; ++b) {
+          const int kx = j - b * S;
+          if (kx >= 0 && kx < KW) acc[b] = vfma(wv[kx], xv, acc[b]);
         }
       }
-  } else {
-    const int64_t ntaps = s.kh * s.kw;
-    for (int64_t t = 0; t < ntaps; ++t) {
-      const float* src = row + p.taps[t];
-      const V wv = vset1(wo[t]);
-      for (int r = 0; r < R; ++r)
-        for (int v = 0; v < NB; ++v) acc[r][v] = vfma(wv, vload(src + r * row_stride + v * W), acc[r][v]);
+    } else {
+      for (int64_t kx = 0; kx < s.kw; ++kx) {
+        const V wv = vload(wt + (ky * s.kw + kx) * W);
+        for (int b = 0; b < B; ++b) acc[b] = vfma(wv, vload(row + (b * s.sw + kx * s.dw) * W), acc[b]);
+      }
     }
   }
-  const V bv = vset1(bias);
-  for (int r = 0; r < R; ++r) {
-    float* yrow = y + (oy + r) * s.ow + ox0;
-    for (int v = 0; v < NB; ++v) {
-      const int64_t n = std::min<int64_t>(W, s.ow - ox0 - v * W);
-      const V out = ep(vadd(acc[r][v], bv));
-      if (n == W) vstore(yrow + v * W, out);
-      else vstore_partial(yrow + v * W, out, int(n));
-    }
+  for (int b = 0; b < B; ++b) vstore(out + b * W, ep(vadd(acc[b], bias)));
+}
+
+template <int KW, int S, int B>
+void compute_band(const Plan& p, const float* buf, const float* wt, V bias, const Epilogue& ep,
+                  int64_t rows, float* out) {
+  const int64_t row_step = p.s.sh * p.cols * W;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t ox = 0; ox < p.owp; ox += B)
+      out_block<KW, S, B>(p, buf + r * row_step + ox * p.s.sw * W, wt, bias, ep, out + (r * p.owp + ox) * W);
+}
+
+using BandFn = void (*)(const Plan&, const float*, const float*, V, const Epilogue&, int64_t, float*);
+
+template <int KW, int S>
+BandFn pick_b(int b) {
+  switch (b) {
+    case 4: return compute_band<KW, S, 4>;
+    case 5: return compute_band<KW, S, 5>;
+    case 6: return compute_band<KW, S, 6>;
+    case 7: return compute_band<KW, S, 7>;
+    default: return compute_band<KW, S, 8>;
   }
 }
 
-// Output rows [oy, oy + R), all nvec vectors of each.
-template <int R, bool Rows3x3>
-void rows_block(const Plan& p, const float* buf, const float* wo, int64_t oy, int64_t nvec,
-                float bias, const Epilogue& ep, float* y) {
-  int64_t v = 0;
-  for (; v + 4 <= nvec; v += 4) row_block<4, R, Rows3x3>(p, buf, wo, oy, v * W, bias, ep, y);
-  switch (nvec - v) {
-    case 3: row_block<3, R, Rows3x3>(p, buf, wo, oy, v * W, bias, ep, y); break;
-    case 2: row_block<2, R, Rows3x3>(p, buf, wo, oy, v * W, bias, ep, y); break;
-    case 1: row_block<1, R, Rows3x3>(p, buf, wo, oy, v * W, bias, ep, y); break;
-    default: break;
-  }
-}
-
-template <bool Rows3x3>
-void output_rows(const Plan& p, const float* buf, const float* wo, float bias,
-                 const Epilogue& ep, float* y) {
-  const int64_t nvec = ceil_div(p.s.ow, W);
-  int64_t oy = 0;
-  for (; oy + 3 <= p.s.oh; oy += 3) rows_block<3, Rows3x3>(p, buf, wo, oy, nvec, bias, ep, y);
-  for (; oy < p.s.oh; ++oy) rows_block<1, Rows3x3>(p, buf, wo, oy, nvec, bias, ep, y);
-}
-
-void output_plane(const Plan& p, const float* buf, const float* wo, float bias,
-                  const Epilogue& ep, float* y) {
+BandFn pick(const Plan& p) {
   const ConvShape& s = p.s;
-  if (s.kh == 3 && s.kw == 3 && s.sh == 1 && s.dh == 1) output_rows<true>(p, buf, wo, bias, ep, y);
-  else output_rows<false>(p, buf, wo, bias, ep, y);
+  if (s.dw == 1 && s.sw <= 2) {
+    const bool s1 = s.sw == 1;
+    switch (s.kw) {
+      case 3: return s1 ? pick_b<3, 1>(p.b) : pick_b<3, 2>(p.b);
+      case 5: return s1 ? pick_b<5, 1>(p.b) : pick_b<5, 2>(p.b);
+      case 7: return s1 ? pick_b<7, 1>(p.b) : pick_b<7, 2>(p.b);
+      default: break;
+    }
+  }
+  return pick_b<0, 0>(p.b);
+}
+
+// Output rows [oy0, oy1) of out (band rows of owp vectors) into the output
+// planes of channels [o0, o0 + W) of one image.
+void store_band(const Plan& p, const float* out, int64_t o0, int64_t oy0, int64_t oy1, float* y) {
+  const ConvShape& s = p.s;
+  const int lanes = (int)std::min<int64_t>(W, s.o - o0);
+  const int64_t plane = s.oh * s.ow, end = oy1 * s.ow;
+  for (int64_t q = oy0 * s.ow; q < end; q += W) {
+    const int count = (int)std::min<int64_t>(W, end - q);
+    V r[W];
+    int64_t oy = q / s.ow, ox = q % s.ow;
+    for (int j = 0; j < W; ++j) {
+      r[j] = j < count ? vload(out + ((oy - oy0) * p.owp + ox) * W) : vzero();
+      if (++ox == s.ow) ox = 0, ++oy;
+    }
+    transpose(r);
+    for (int i = 0; i < lanes; ++i) {
+      float* dst = y + (o0 + i) * plane + q;
+      if (count == W) vstore(dst, r[i]); else vstore_partial(dst, r[i], count);
+    }
+  }
+}
+
+Plan make_plan(const ConvShape& s, int threads) {
+  Plan p;
+  p.s = s;
+  p.mult = s.o / s.c;
+  p.blocks = ceil_div(s.o, W);
+  p.b = 8;  // the register block wasting the fewest columns, the widest on ties
+  for (int b = 8; b >= 4; --b)
+    if (ceil_div(s.ow, b) * b < ceil_div(s.ow, p.b) * p.b) p.b = b;
+  p.owp = ceil_div(s.ow, p.b) * p.b;
+  p.cols = std::max((p.owp - 1) * s.sw + (s.kw - 1) * s.dw + 1, s.pl + s.w);
+  // Bands: enough tasks to balance the workers, and a buffer that stays in
+  // L2 (about 128 KB), but at least 4 rows a band where the plane allows
+  // (each band re-reads its kernel's overlap rows).
+  const int64_t row_bytes = s.sh * p.cols * W * int64_t(sizeof(float));
+  const int64_t by_size = std::max<int64_t>(1, (int64_t(128) << 10) / row_bytes);
+  const int64_t by_tasks = ceil_div(s.oh * s.n * p.blocks, 4 * int64_t(threads));
+  p.band = std::clamp<int64_t>(std::min(by_size, std::max<int64_t>(by_tasks, 4)), 1, s.oh);
+  p.bands = ceil_div(s.oh, p.band);
+  return p;
 }
 
 ffi::Error ConvDepthwise(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b,
                          ffi::Span<const int64_t> attr, int64_t act, float alpha, float lo,
                          float hi, F32Result y) {
-  Plan p;
-  ConvShape& s = p.s;
+  ConvShape s;
   Epilogue ep;
   if (auto e = decode_conv(x, w, b, attr, y, act, alpha, lo, hi, &s, &ep); e.failure()) return e;
   if (s.groups != s.c || s.cg != 1)
     return ffi::Error::InvalidArgument("jtile depthwise: needs groups == input channels");
   if (s.n * s.o * s.oh * s.ow == 0) return ffi::Error::Success();
-  p.mult = s.o / s.c;
-  p.rows = (s.oh - 1) * s.sh + (s.kh - 1) * s.dh + 1;
-  p.phase = (ceil_div(s.ow, W) * W + (s.kw - 1) * s.dw / s.sw + 1 + W - 1) / W * W;
-  for (int64_t ky = 0; ky < s.kh; ++ky)
-    for (int64_t kx = 0; kx < s.kw; ++kx)
-      p.taps.push_back((ky * s.dh * s.sw + kx * s.dw % s.sw) * p.phase + kx * s.dw / s.sw);
-  for (int64_t k = 0; k < s.sw * p.phase; k += W) {  // input columns are padded columns [pl, pl + w)
-    const int64_t first = std::clamp<int64_t>(s.pl - k, 0, W), last = std::clamp<int64_t>(s.pl + s.w - k, 0, W);
-    p.lanes.push_back(first < last ? ((1u << last) - 1u) & ~((1u << first) - 1u) : 0u);
-  }
-
+  const Plan p = make_plan(s, workers(pool));
+  const BandFn compute = pick(p);
+  const int64_t taps = s.kh * s.kw;
   const float *xs = x.typed_data(), *ws = w.typed_data(), *bias = b.typed_data();
   float* ys = y->typed_data();
-  // Tasks of several planes when planes are small, so that claiming a task
-  // costs little next to computing it.
-  const int64_t planes = s.n * s.c;
-  const int64_t per_task = std::clamp<int64_t>(4096 / (p.mult * s.oh * s.ow), 1, ceil_div(planes, 8));
-  Workspace scratch(pool, 1);
-  parallel_for(pool, ceil_div(planes, per_task), [&](int64_t task, int worker) {
-    float* buf = scratch.get(worker, 0, p.plane_size());
-    for (int64_t nc = task * per_task; nc < std::min(planes, (task + 1) * per_task); ++nc) {
-      const int64_t n = nc / s.c, c = nc % s.c;
-      pad_plane(p, xs + nc * s.h * s.w, buf);
-      for (int64_t m = 0; m < p.mult; ++m) {
-        const int64_t o = c * p.mult + m;
-        output_plane(p, buf, ws + o * s.kh * s.kw, bias[o], ep, ys + (n * s.o + o) * s.oh * s.ow);
-      }
+  // Per worker: the input band (zeroed when first taken: its padding columns
+  // are never written), the output band, the block's weights.
+  Workspace scratch(pool, 3);
+  std::vector<char> fresh(workers(pool), 1);
+  parallel_for(pool, s.n * p.blocks * p.bands, [&](int64_t task, int worker) {
+    const int64_t band = task % p.bands, block = task / p.bands % p.blocks, n = task / p.bands / p.blocks;
+    float* in = scratch.get(worker, 0, p.in_floats(), fresh[worker]);
+    float* out = scratch.get(worker, 1, p.out_floats());
+    float* wt = scratch.get(worker, 2, taps * W);
+    fresh[worker] = 0;
+    const int64_t o0 = block * W, lanes = std::min<int64_t>(W, s.o - o0);
+    alignas(64) float bv[W] = {};
+    for (int64_t i = 0; i < W; ++i) {
+      if (i < lanes) bv[i] = bias[o0 + i];
+      for (int64_t t = 0; t < taps; ++t) wt[t * W + i] = i < lanes ? ws[(o0 + i) * taps + t] : 0.0f;
     }
+    const int64_t oy0 = band * p.band, oy1 = std::min(s.oh, oy0 + p.band);
+    load_band(p, xs + n * s.c * s.h * s.w, o0, oy0, oy1, in);
+    compute(p, in, wt, vload(bv), ep, oy1 - oy0, out);
+    store_band(p, out, o0, oy0, oy1, ys + n * s.o * s.oh * s.ow);
   });
   return ffi::Error::Success();
 }
