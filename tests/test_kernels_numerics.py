@@ -89,6 +89,11 @@ CASES = {
     "conv_winograd_blocks": _conv_case((2, 4, 78, 78), (4, 4, 3, 3), "winograd", padding=((1, 1), (1, 1))),
     "conv_depthwise": _conv_case((1, 6, 25, 26), (12, 1, 3, 3), "depthwise", groups=6, stride=(2, 2),
                                  padding=((1, 1), (1, 1))),
+    # Channel blocks in bands whose split depends on the thread count.
+    "conv_depthwise_blocks": _conv_case((2, 20, 30, 30), (20, 1, 5, 5), "depthwise", groups=20,
+                                        padding=((2, 2), (2, 2)), activation="relu"),
+    "conv_depthwise_planes": _conv_case((1, 6, 20, 34), (6, 1, 3, 3), "depthwise", groups=6,
+                                        padding=((1, 1), (1, 1))),
     "dense_gemv": _dense_case(1, 600, 70),
     "dense_gemv_rows": _dense_case(3, 300, 40),
     "dense_gemv_nk": _dense_case(2, 600, 70, transpose_w=True),
