@@ -142,6 +142,22 @@ def test_auto_swaps_where_a_kernel_wins_and_keeps_xla_elsewhere(getkey, tree_all
     assert chosen == [0, 1, 2, 3]
 
 
+@pytest.mark.parametrize("channels, groups, kernel", [(64, 16, "direct"), (128, 32, "direct"),
+                                                    (128, 8, "smm"), (256, 16, "smm")])
+def test_auto_takes_direct_for_narrow_groups_and_smm_for_wide(getkey, tree_allclose, channels, groups, kernel):
+    """Groups of at most 8 output channels: direct; 16 and more: smm (RegNet, ResNeXt)."""
+    x = jax.random.normal(getkey(), (1, channels, 14, 14))
+    w = jax.random.normal(getkey(), (channels, channels // groups, 3, 3)) * 0.1
+
+    def grouped(x, w):
+        return jax.nn.relu(_conv(x, w, stride=2, groups=groups))
+
+    swapped = swap_backend(grouped, algorithms="auto")
+    jaxpr = str(jax.make_jaxpr(swapped)(x, w))
+    assert f"jtile_conv_{kernel}" in jaxpr and "conv_general_dilated" not in jaxpr
+    assert tree_allclose(jax.jit(swapped)(x, w), grouped(x, w), rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize("rows, swapped", [(1, True), (8, True), (64, True), (65, False)])
 def test_auto_dense_takes_the_kernel_for_inference_batches(getkey, tree_allclose, rows, swapped):
     x, w = jax.random.normal(getkey(), (rows, 48)), jax.random.normal(getkey(), (24, 48))

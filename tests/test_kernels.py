@@ -38,7 +38,7 @@ def _normal(rng, shape):
 
 
 def _conv_case(draw):
-    groups = draw(st.integers(1, 3))
+    groups = draw(st.integers(1, 8))  # smm runs a GEMM per task from 2 * workers GEMMs on
     cg, og = draw(st.integers(1, 4)), draw(st.integers(1, 4))
     kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
     stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
@@ -105,6 +105,26 @@ def test_conv2d_large_blocks_match_reference(algorithm):
     x, w, b = _normal(rng, (1, 40, 45, 47)), _normal(rng, (300, 40, 3, 3)), _normal(rng, 300)
     kw = dict(padding=((1, 0), (2, 1)), activation="relu")
     got = kernels.conv2d(x, w, b, algorithm=algorithm, **kw)
+    np.testing.assert_allclose(got, kernels.conv2d_reference(x, w, b, **kw), rtol=1e-4, atol=3e-4)
+
+
+@pytest.mark.parametrize("algorithm", ["direct", "smm"])
+@pytest.mark.parametrize(
+    "x_shape, og, stride",
+    [((1, 64, 15, 14), 4, 1),     # ResNeXt-like: 32 groups of 2 -> 4 channels, channel rows
+     ((2, 64, 9, 9), 16, 2),      # 16 groups of 4 -> 16, batch 2, pixel rows over the batch
+     ((1, 96, 7, 7), 24, 1),      # 32 groups of 3 -> 24 at 7x7, pixel rows
+     ((3, 48, 12, 10), 8, 2)],    # 16 groups: 48 GEMMs, one per (group, image)
+)
+def test_conv2d_many_groups_match_reference(algorithm, x_shape, og, stride):
+    groups = 32 if x_shape[1] != 48 else 16
+    rng = np.random.default_rng(5)
+    cg = x_shape[1] // groups
+    x, w, b = _normal(rng, x_shape), _normal(rng, (og * groups, cg, 3, 3)), _normal(rng, og * groups)
+    config = dict(stride=(stride, stride), padding=((1, 1), (0, 2)), groups=groups)
+    residual = _normal(rng, kernels.conv2d_reference(x, w, **config).shape)
+    kw = dict(**config, activation="leaky_relu", alpha=0.1, residual=residual)
+    got = jax.jit(lambda x, w, b: kernels.conv2d(x, w, b, algorithm=algorithm, **kw))(x, w, b)
     np.testing.assert_allclose(got, kernels.conv2d_reference(x, w, b, **kw), rtol=1e-4, atol=3e-4)
 
 

@@ -83,6 +83,13 @@ CASES = {
     "conv_smm_pointwise": _conv_case((2, 8, 9, 9), (16, 8, 1, 1), "smm"),
     "conv_smm_pixel_rows": _conv_case((2, 40, 7, 7), (64, 40, 3, 3), "smm", padding=((1, 1), (1, 1)),
                                       activation="relu"),
+    # Many groups: smm runs one group's GEMM per task (channel and pixel rows).
+    "conv_smm_many_groups": _conv_case((2, 32, 16, 15), (64, 2, 3, 3), "smm", groups=16,
+                                       padding=((1, 1), (1, 1)), activation="relu"),
+    "conv_smm_many_groups_pixel_rows": _conv_case((1, 64, 7, 7), (128, 8, 3, 3), "smm", groups=8,
+                                                  stride=(1, 1), padding=((1, 1), (1, 1))),
+    "conv_direct_many_groups": _conv_case((1, 64, 14, 14), (64, 2, 3, 3), "direct", groups=32,
+                                          stride=(2, 2), padding=((1, 1), (1, 1))),
     "conv_winograd": _conv_case((2, 6, 13, 18), (5, 6, 3, 3), "winograd", padding=((1, 2), (0, 1))),
     "conv_winograd_panels": _conv_case((1, 16, 56, 56), (16, 16, 3, 3), "winograd",
                                        padding=((1, 1), (1, 1)), activation="relu"),
