@@ -147,19 +147,18 @@ def _conv_preference(eqn, layer: Layer) -> tuple[str, ...]:
     grouped convs channel by channel); Winograd on 3x3 stride 1 with at least
     14x14 outputs ~2-3x (below, its 4x4 tiles are mostly padding); im2col +
     GEMM on packed weights on every other conv: stems 1.4-7x, strided 3x3
-    1.2-2x, 3x3 at 7x7 1.8x, 1x1 1.1-5x. Grouped convs (not depthwise), on
-    RegNetY-400MF's and ResNeXt-50 32x4d's 3x3 layers, against XLA's 4-25
-    GFLOP/s: `direct` where a group has at most 8 output channels (1.0-1.9x
-    `smm`, whose GEMM tiles are 7 channels by 64 pixels), `smm` (one group's
-    GEMM per task) from 16 (1.2-4.6x `direct`); both 2-10x XLA. Dilated convs
-    were not measured, so they stay with XLA.
+    1.2-2x, 3x3 at 7x7 1.8x, 1x1 1.1-5x. Grouped convs (not depthwise):
+    `grouped` on every 3x3 layer of RegNetY-400MF (groups of 8 channels) and
+    ResNeXt-50 32x4d (groups of 4 to 32), 1.1-2.8x the faster of `smm` (one
+    group's GEMM per task) and `direct`, 4-40x XLA (which ran them at 4-25
+    GFLOP/s). Dilated convs were not measured, so they stay with XLA.
     """
     if _is_depthwise(layer):
         return ("depthwise", "direct")
     if any(d != 1 for d in layer.dilation):
         return ()
     if layer.groups > 1:
-        return ("direct", "smm") if layer.out_channels // layer.groups <= 8 else ("smm", "direct")
+        return ("grouped", "smm")
     out_spec = eqn.params["dimension_numbers"][2]
     if (
         layer.kernel_size == (3, 3)
@@ -299,7 +298,7 @@ def _auto_pool(kernel: str):
 # ---------------------------------------------------------------- tables
 
 
-CONV_ALGORITHMS = ("direct", "smm", "winograd", "depthwise")
+CONV_ALGORITHMS = ("direct", "smm", "winograd", "depthwise", "grouped")
 
 # (kind, name, support, run) for every kernel algorithm.
 ALGORITHMS = (

@@ -256,7 +256,7 @@ def _padding(padding) -> Padding:
 
 # Bounds on max |y - y64| / max |y64| for unit-normal data (see the table
 # above): what a caller may rely on, per algorithm ("dense", "pool" for those kernels).
-TOLERANCE = {"direct": 1e-5, "smm": 2e-6, "winograd": 5e-5, "depthwise": 1e-6, "dense": 2e-6, "pool": 2e-6}
+TOLERANCE = {"direct": 1e-5, "grouped": 1e-5, "smm": 2e-6, "winograd": 5e-5, "depthwise": 1e-6, "dense": 2e-6, "pool": 2e-6}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -538,6 +538,29 @@ def _smm_prepare(spec: ConvSpec, w: jax.Array) -> tuple[jax.Array, dict]:
 register_conv_algorithm("direct", "jtile_conv_direct", "JtileConvDirect", _any_conv)
 register_conv_algorithm("smm", "jtile_conv_smm", "JtileConvSmm", _any_conv, _smm_prepare, residual=True)
 
+# ------------------------------------------------- grouped (channel-blocked) conv
+
+
+@functools.cache
+def vector_lanes() -> int:
+    """The lanes W of the kernels' vectors (16 with AVX-512, else 8): the
+    `grouped` kernel computes W output channels of one group at a time."""
+    reason = kernel_unavailable("jtile_conv_grouped")
+    if reason is not None:
+        raise UnsupportedError(reason)
+    library = ctypes.cdll.LoadLibrary(LIBRARY_PATH)
+    library.JtileVectorLanes.restype = ctypes.c_int64
+    return int(library.JtileVectorLanes())
+
+
+def _grouped_prepare(spec: ConvSpec, w: jax.Array) -> tuple[jax.Array, dict]:
+    return pack_gemm_weight(w, spec.groups, vector_lanes()), dict(
+        kernel=np.array([spec.w_shape[0], *spec.w_shape[2:]], np.int64))
+
+
+register_conv_algorithm("grouped", "jtile_conv_grouped", "JtileConvGrouped", _any_conv, _grouped_prepare,
+                        residual=True)
+
 # ------------------------------------------------------------- more kernels
 # How to add a kernel:
 #  1. Write kernels/<family>.cc. A conv algorithm implements the signature in
@@ -749,7 +772,7 @@ __all__ = [
     "Pair", "Padding", "LIBRARY_ENV", "activation_reference", "library_candidates",
     "kernel_unavailable", "warn_if_unavailable", "ConvSpec", "ConvAlgorithm",
     "register_conv_algorithm", "conv2d_reference", "conv2d_support", "conv2d", "gemm_tile",
-    "smm_pixel_rows", "pack_gemm_weight", "dense_reference", "GEMV_ROWS", "dense",
+    "smm_pixel_rows", "pack_gemm_weight", "vector_lanes", "dense_reference", "GEMV_ROWS", "dense",
     "max_pool2d_reference", "avg_pool2d_reference", "global_avg_pool2d_reference", "max_pool2d",
     "avg_pool2d", "global_avg_pool2d", "LIBRARY_PATH"
 ]

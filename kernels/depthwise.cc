@@ -13,8 +13,8 @@
 //   (zero in the padding), so that every tap of every output is one vector load
 //   and one FMA, whatever the plane's width. Outputs are accumulated B columns
 //   at a time in registers (B chosen per layer so that few columns are
-//   wasted), the bias and activation applied, and the band is transposed back
-//   into the output planes. Small planes (7x7, 14x14) thus fill every lane, and
+//   wasted) with the bias, and the band is transposed back into the output
+//   planes with the activation. Small planes (7x7, 14x14) thus fill every lane, and
 //   3x3, 5x5 and 7x7 kernels at stride 1 or 2 have unrolled inner loops in
 //   which each input vector is loaded once for all the outputs of the block it
 //   feeds. 1.2-3.3x the plane arrangement on 5x5 and strided layers and on
@@ -31,49 +31,10 @@
 // lax.conv_general_dilated does) and results do not depend on the thread count.
 #include <vector>
 
-#include "common.h"
+#include "blocked.h"
 
 namespace jtile {
 namespace {
-
-// r[i] lane j becomes r[j] lane i.
-inline void transpose(V (&r)[W]) {
-#if defined(__AVX512F__)
-  __m512 t[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i].v, r[2 * i + 1].v);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i].v, r[2 * i + 1].v);
-  }
-  for (int i = 0; i < 4; ++i) {
-    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 2]);
-    const __m512d c = _mm512_castps_pd(t[4 * i + 1]), d = _mm512_castps_pd(t[4 * i + 3]);
-    r[4 * i].v = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-    r[4 * i + 1].v = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-    r[4 * i + 2].v = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
-    r[4 * i + 3].v = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
-  }
-  for (int i = 0; i < 4; ++i) {
-    t[i] = _mm512_shuffle_f32x4(r[i].v, r[4 + i].v, 0x88);
-    t[4 + i] = _mm512_shuffle_f32x4(r[i].v, r[4 + i].v, 0xdd);
-    t[8 + i] = _mm512_shuffle_f32x4(r[8 + i].v, r[12 + i].v, 0x88);
-    t[12 + i] = _mm512_shuffle_f32x4(r[8 + i].v, r[12 + i].v, 0xdd);
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[i].v = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88);
-    r[8 + i].v = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xdd);
-    r[4 + i].v = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0x88);
-    r[12 + i].v = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0xdd);
-  }
-#else
-  alignas(64) float t[W][W];
-  for (int i = 0; i < W; ++i) vstore(t[i], r[i]);
-  for (int j = 0; j < W; ++j) {
-    alignas(64) float col[W];
-    for (int i = 0; i < W; ++i) col[i] = t[i][j];
-    r[j] = vload(col);
-  }
-#endif
-}
 
 // ---------------------------------------------------------------- channel blocks
 
@@ -124,13 +85,12 @@ void load_band(const Blocked& p, const float* x, int64_t o0, int64_t oy0, int64_
 }
 
 // B output columns from the buffer position `in` (row oy * sh, column ox0 *
-// sw of the band) into out (B vectors), with the bias and the activation.
+// sw of the band) into out (B vectors), with the bias.
 // KW > 0: a KW-wide kernel at column stride S and dilation 1, unrolled so
 // that each input vector is loaded once for every output it feeds; KW == 0:
 // any width, stride and dilation.
 template <int KW, int S, int B>
-inline void out_block(const Blocked& p, const float* in, const float* wt, V bias, const Epilogue& ep,
-                      float* out) {
+inline void out_block(const Blocked& p, const float* in, const float* wt, V bias, float* out) {
   const ConvShape& s = p.s;
   V acc[B];
   for (int b = 0; b < B; ++b) acc[b] = vzero();
@@ -156,19 +116,18 @@ inline void out_block(const Blocked& p, const float* in, const float* wt, V bias
       }
     }
   }
-  for (int b = 0; b < B; ++b) vstore(out + b * W, ep(vadd(acc[b], bias)));
+  for (int b = 0; b < B; ++b) vstore(out + b * W, vadd(acc[b], bias));
 }
 
 template <int KW, int S, int B>
-void compute_band(const Blocked& p, const float* buf, const float* wt, V bias, const Epilogue& ep,
-                  int64_t rows, float* out) {
+void compute_band(const Blocked& p, const float* buf, const float* wt, V bias, int64_t rows, float* out) {
   const int64_t row_step = p.s.sh * p.cols * W;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t ox = 0; ox < p.owp; ox += B)
-      out_block<KW, S, B>(p, buf + r * row_step + ox * p.s.sw * W, wt, bias, ep, out + (r * p.owp + ox) * W);
+      out_block<KW, S, B>(p, buf + r * row_step + ox * p.s.sw * W, wt, bias, out + (r * p.owp + ox) * W);
 }
 
-using BandFn = void (*)(const Blocked&, const float*, const float*, V, const Epilogue&, int64_t, float*);
+using BandFn = void (*)(const Blocked&, const float*, const float*, V, int64_t, float*);
 
 template <int KW, int S>
 BandFn pick_b(int b) {
@@ -195,36 +154,12 @@ BandFn pick(const Blocked& p) {
   return pick_b<0, 0>(p.b);
 }
 
-// Output rows [oy0, oy1) of out (band rows of owp vectors) into the output
-// planes of channels [o0, o0 + W) of one image.
-void store_band(const Blocked& p, const float* out, int64_t o0, int64_t oy0, int64_t oy1, float* y) {
-  const ConvShape& s = p.s;
-  const int lanes = (int)std::min<int64_t>(W, s.o - o0);
-  const int64_t plane = s.oh * s.ow, end = oy1 * s.ow;
-  for (int64_t q = oy0 * s.ow; q < end; q += W) {
-    const int count = (int)std::min<int64_t>(W, end - q);
-    V r[W];
-    int64_t oy = q / s.ow, ox = q % s.ow;
-    for (int j = 0; j < W; ++j) {
-      r[j] = j < count ? vload(out + ((oy - oy0) * p.owp + ox) * W) : vzero();
-      if (++ox == s.ow) ox = 0, ++oy;
-    }
-    transpose(r);
-    for (int i = 0; i < lanes; ++i) {
-      float* dst = y + (o0 + i) * plane + q;
-      if (count == W) vstore(dst, r[i]); else vstore_partial(dst, r[i], count);
-    }
-  }
-}
-
 Blocked make_blocked(const ConvShape& s, int threads) {
   Blocked p;
   p.s = s;
   p.mult = s.o / s.c;
   p.blocks = ceil_div(s.o, W);
-  p.b = 8;  // the register block wasting the fewest columns, the widest on ties
-  for (int b = 8; b >= 4; --b)
-    if (ceil_div(s.ow, b) * b < ceil_div(s.ow, p.b) * p.b) p.b = b;
+  p.b = register_block(s.ow);
   p.owp = ceil_div(s.ow, p.b) * p.b;
   p.cols = std::max((p.owp - 1) * s.sw + (s.kw - 1) * s.dw + 1, s.pl + s.w);
   // Bands: enough tasks to balance the workers, and a buffer that stays in
@@ -261,8 +196,9 @@ void conv_blocked(ffi::ThreadPool& pool, const ConvShape& s, const float* xs, co
     }
     const int64_t oy0 = band * p.band, oy1 = std::min(s.oh, oy0 + p.band);
     load_band(p, xs + n * s.c * s.h * s.w, o0, oy0, oy1, in);
-    compute(p, in, wt, vload(bv), ep, oy1 - oy0, out);
-    store_band(p, out, o0, oy0, oy1, ys + n * s.o * s.oh * s.ow);
+    compute(p, in, wt, vload(bv), oy1 - oy0, out);
+    store_blocked(out, p.owp, (int)lanes, s.oh, s.ow, oy0, oy1, ep, nullptr,
+                  ys + (n * s.o + o0) * s.oh * s.ow);
   });
 }
 

@@ -59,7 +59,7 @@ def _conv_case(draw):
 conv_cases = st.composite(_conv_case)
 
 
-@pytest.mark.parametrize("algorithm", ["direct", "smm"])
+@pytest.mark.parametrize("algorithm", ["direct", "smm", "grouped"])
 @settings(max_examples=25, deadline=None)
 @given(case=conv_cases())
 def test_conv2d_matches_reference(algorithm, case):
@@ -97,7 +97,7 @@ def test_smm_orientations_fuse_bias_residual_and_activation(x_shape, w_shape, st
     np.testing.assert_allclose(got, kernels.conv2d_reference(x, w, b, **kw), rtol=1e-4, atol=3e-4)
 
 
-@pytest.mark.parametrize("algorithm", ["direct", "smm"])
+@pytest.mark.parametrize("algorithm", ["direct", "smm", "grouped"])
 def test_conv2d_large_blocks_match_reference(algorithm):
     # 40 channels x 3x3 = 360 taps (two GEMM K blocks), 300 output channels
     # (several M chunks), 45x47 pixels (several N blocks and ragged tiles).
@@ -108,13 +108,14 @@ def test_conv2d_large_blocks_match_reference(algorithm):
     np.testing.assert_allclose(got, kernels.conv2d_reference(x, w, b, **kw), rtol=1e-4, atol=3e-4)
 
 
-@pytest.mark.parametrize("algorithm", ["direct", "smm"])
+@pytest.mark.parametrize("algorithm", ["direct", "smm", "grouped"])
 @pytest.mark.parametrize(
     "x_shape, og, stride",
     [((1, 64, 15, 14), 4, 1),     # ResNeXt-like: 32 groups of 2 -> 4 channels, channel rows
      ((2, 64, 9, 9), 16, 2),      # 16 groups of 4 -> 16, batch 2, pixel rows over the batch
      ((1, 96, 7, 7), 24, 1),      # 32 groups of 3 -> 24 at 7x7, pixel rows
-     ((3, 48, 12, 10), 8, 2)],    # 16 groups: 48 GEMMs, one per (group, image)
+     ((3, 48, 12, 10), 8, 2),     # 16 groups: 48 GEMMs, one per (group, image)
+     ((1, 64, 30, 9), 40, 1)],    # 32 groups of 40: grouped's ragged second block, bands
 )
 def test_conv2d_many_groups_match_reference(algorithm, x_shape, og, stride):
     groups = 32 if x_shape[1] != 48 else 16

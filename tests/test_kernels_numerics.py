@@ -90,6 +90,11 @@ CASES = {
                                                   stride=(1, 1), padding=((1, 1), (1, 1))),
     "conv_direct_many_groups": _conv_case((1, 64, 14, 14), (64, 2, 3, 3), "direct", groups=32,
                                           stride=(2, 2), padding=((1, 1), (1, 1))),
+    # Blocks of output channels of one group, in bands whose split depends on the thread count.
+    "conv_grouped": _conv_case((2, 64, 23, 19), (96, 4, 3, 3), "grouped", groups=16, stride=(1, 2),
+                               padding=((1, 2), (0, 1)), activation="relu"),
+    "conv_grouped_dilated": _conv_case((1, 12, 17, 15), (36, 4, 3, 2), "grouped", groups=3,
+                                       dilation=(2, 1), padding=((2, 2), (1, 1))),
     "conv_winograd": _conv_case((2, 6, 13, 18), (5, 6, 3, 3), "winograd", padding=((1, 2), (0, 1))),
     "conv_winograd_panels": _conv_case((1, 16, 56, 56), (16, 16, 3, 3), "winograd",
                                        padding=((1, 1), (1, 1)), activation="relu"),
@@ -177,6 +182,8 @@ ACCURACY_LAYERS = {
     "resnet 3x3 s2 128->256 @28": ((1, 128, 28, 28), (256, 128, 3, 3), (2, 2), ((1, 1), (1, 1)), 1),
     "mobilenet 1x1 144->24 @56": ((1, 144, 56, 56), (24, 144, 1, 1), (1, 1), ((0, 0), (0, 0)), 1),
     "mobilenet dw 3x3 144 @56": ((1, 144, 56, 56), (144, 1, 3, 3), (1, 1), ((1, 1), (1, 1)), 144),
+    "efficientnet dw 5x5 672 @14": ((1, 672, 14, 14), (672, 1, 5, 5), (1, 1), ((2, 2), (2, 2)), 672),
+    "resnext 3x3 g32 512 @14": ((1, 512, 14, 14), (512, 16, 3, 3), (1, 1), ((1, 1), (1, 1)), 32),
     "3x3 1000->1001 @14": ((1, 1000, 14, 14), (1001, 1000, 3, 3), (1, 1), ((1, 1), (1, 1)), 1),
 }
 
@@ -191,7 +198,7 @@ def measure_conv_errors() -> dict[str, dict[str, float]]:
         scale = np.abs(want).max()
         found = {"default": np.asarray(lax.conv_general_dilated(
             x, w, stride, padding, dimension_numbers=("NCHW", "OIHW", "NCHW"), feature_group_count=groups))}
-        for algorithm in ("direct", "smm", "winograd", "depthwise"):
+        for algorithm in ("direct", "smm", "winograd", "depthwise", "grouped"):
             config = dict(stride=stride, padding=padding, groups=groups)
             if kernels.conv2d_support(algorithm, x_shape=x_shape, w_shape=w_shape, dilation=(1, 1),
                                       dtype=np.float32, **config) is None:
