@@ -23,24 +23,26 @@ Numerics, measured against a float64 reference (unit-normal inputs, weights
 scaled by 1/sqrt(fan-in); error = max |y - y64| / max |y64|;
 tests/test_kernels_numerics.py holds every kernel to `TOLERANCE`):
 
-| layer | XLA | direct | smm | winograd | depthwise / dense / pool |
-|---|---|---|---|---|---|
-| 3x3 64->64 @56 | 8.1e-7 | 8.1e-7 | 5.0e-7 | 6.5e-6 | |
-| 3x3 256->256 @14 | 6.6e-7 | 2.1e-6 | 3.7e-7 | 9.5e-6 | |
-| 3x3 s2 128->256 @28 | 5.1e-7 | 9.7e-7 | 3.2e-7 | | |
-| 3x3 1000->1001 @14 | 4.0e-7 | 3.4e-6 | 3.2e-7 | 2.1e-5 | |
-| 1x1 144->24 @56 | 1.4e-7 | 4.1e-7 | 4.1e-7 | | |
-| depthwise 3x3 144 @56 | 1.5e-7 | 1.1e-7 | 1.1e-7 | | 1.1e-7 |
-| dense 512->1000, batch 1 | 5.0e-7 | | | | 1.5e-7 |
-| dense 4096->1000 (N, K), batch 1 | 2.1e-6 | | | | 3.9e-7 |
-| dense 512->1000, batch 32 | 4.7e-7 | | | | 4.7e-7 |
-| avg pool 3x3 s2 @112 | 2.0e-7 | | | | 2.0e-7 |
-| global avg pool @112 | 7.7e-8 | | | | 4.3e-7 |
+| layer | XLA | direct | smm | grouped | winograd | depthwise / dense / pool |
+|---|---|---|---|---|---|---|
+| 3x3 64->64 @56 | 8.1e-7 | 8.1e-7 | 5.0e-7 | 8.1e-7 | 6.5e-6 | |
+| 3x3 256->256 @14 | 6.6e-7 | 2.1e-6 | 3.7e-7 | 2.1e-6 | 9.5e-6 | |
+| 3x3 s2 128->256 @28 | 5.1e-7 | 9.7e-7 | 3.2e-7 | 9.7e-7 | | |
+| 3x3 1000->1001 @14 | 4.7e-7 | 4.0e-6 | 3.5e-7 | 4.0e-6 | 1.9e-5 | |
+| 1x1 144->24 @56 | 1.4e-7 | 4.1e-7 | 4.1e-7 | 4.1e-7 | | |
+| 3x3 512->512, 32 groups @14 | 1.8e-7 | 4.5e-7 | 4.5e-7 | 4.5e-7 | | |
+| depthwise 3x3 144 @56 | 1.5e-7 | 1.1e-7 | 1.1e-7 | 1.1e-7 | | 1.1e-7 |
+| depthwise 5x5 672 @14 | 2.6e-7 | 2.6e-7 | 2.6e-7 | 2.6e-7 | | 2.6e-7 |
+| dense 512->1000, batch 1 | 5.0e-7 | | | | | 1.5e-7 |
+| dense 4096->1000 (N, K), batch 1 | 2.1e-6 | | | | | 3.9e-7 |
+| dense 512->1000, batch 32 | 4.7e-7 | | | | | 4.7e-7 |
+| avg pool 3x3 s2 @112 | 2.0e-7 | | | | | 2.0e-7 |
+| global avg pool @112 | 7.7e-8 | | | | | 4.3e-7 |
 
 Winograd's transforms scale values by up to ~100, so its error is relative to
 the output's magnitude, not to each element: ~50x XLA's at 1000 channels.
-`direct` sums each output's taps in one long chain (its error grows with the
-fan-in). NaN and Inf come out where XLA's op puts them, with the same signs,
+`direct` and `grouped` sum each output's taps in one long chain (their error
+grows with the fan-in). NaN and Inf come out where XLA's op puts them, with the same signs,
 in every kernel (Winograd recomputes the tiles they reach directly). Every
 kernel gives the same bits for any thread count: work is split over
 independent outputs, and the batch-1 dense path splits its sum by shape only.
@@ -434,7 +436,7 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
 
     `x` NCHW, `w` OIHW `(O, C/groups, KH, KW)`, `b` `(O,)` or None;
     `residual`, of the output's shape, is added before the activation (fused
-    in "smm" and "winograd", added in jnp after the others); `activation` one
+    in "smm", "grouped" and "winograd", added in jnp after the others); `activation` one
     of None, "relu", "relu6", "clip" (to `clip=(lo, hi)`), "leaky_relu"
     (slope `alpha`). Raises `UnsupportedError` naming why if the algorithm
     cannot run this layer (see `conv2d_support`).

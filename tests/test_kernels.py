@@ -192,6 +192,8 @@ _NONFINITE_CASES = {
                     lambda x, w: kernels.conv2d_reference(x, w, padding=((1, 1), (1, 1)), activation="relu")),
     "conv_smm": (lambda x, w: kernels.conv2d(x, w, algorithm="smm", stride=(2, 1), activation="relu6"),
                  lambda x, w: kernels.conv2d_reference(x, w, stride=(2, 1), activation="relu6")),
+    "conv_grouped": (lambda x, w: kernels.conv2d(x, w[:, :1], algorithm="grouped", groups=2, padding=((1, 1), (1, 1))),
+                     lambda x, w: kernels.conv2d_reference(x, w[:, :1], groups=2, padding=((1, 1), (1, 1)))),
     "dense_gemv": (lambda x, w: kernels.dense(x.reshape(2, 36), w.reshape(36, -1)[:, :5]),
                    lambda x, w: kernels.dense_reference(x.reshape(2, 36), w.reshape(36, -1)[:, :5])),
     "dense_gemm": (lambda x, w: kernels.dense(x.reshape(9, -1), x.reshape(-1, 9)),
@@ -231,6 +233,8 @@ _GRAD_CASES = {
     # The residual is a function of x too, so its gradient path is checked.
     "conv_smm_residual": (lambda x, w, b: kernels.conv2d(x, w, b, algorithm="smm", padding=((1, 1), (1, 1)), groups=2, activation="relu", residual=_residual(x)),
                           lambda x, w, b: kernels.conv2d_reference(x, w, b, padding=((1, 1), (1, 1)), groups=2, activation="relu", residual=_residual(x))),
+    "conv_grouped_residual": (lambda x, w, b: kernels.conv2d(x, w, b, algorithm="grouped", padding=((1, 1), (1, 1)), groups=2, activation="relu", residual=_residual(x)),
+                              lambda x, w, b: kernels.conv2d_reference(x, w, b, padding=((1, 1), (1, 1)), groups=2, activation="relu", residual=_residual(x))),
     "conv_winograd_residual": (lambda x, w, b: kernels.conv2d(x[:, :2], w, b, algorithm="winograd", padding=((1, 1), (1, 1)), residual=_residual(x)),
                                lambda x, w, b: kernels.conv2d_reference(x[:, :2], w, b, padding=((1, 1), (1, 1)), residual=_residual(x))),
     "dense_gemm": (lambda x, w, b: kernels.dense(x.reshape(28, 12), w.reshape(-1, 6)[:12], b, activation="relu6"),
