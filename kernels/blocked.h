@@ -1,4 +1,4 @@
-// Helpers of the channel-blocked conv kernels (depthwise.cc, conv_grouped.cc),
+// Helpers of the channel-blocked conv kernels (channel_blocks.cc, depthwise.cc, conv_grouped.cc),
 // whose outputs are computed as vectors of W output channels per position:
 // a W x W transpose, the register block width, and the store of a block of
 // such vectors back into NCHW output planes.
@@ -83,5 +83,11 @@ inline void store_blocked(const float* out, int64_t owp, int lanes, int64_t oh, 
     }
   }
 }
+
+// The conv of x (NCHW) by OIHW weights ws, any groups, computed on vectors of
+// W consecutive output channels (kernels/channel_blocks.cc), with the bias,
+// the residual (laid out as y, or null) and the activation.
+void conv_channel_blocks(ffi::ThreadPool& pool, const ConvShape& s, const float* xs, const float* ws,
+                         const float* bias, const Epilogue& ep, const float* residual, float* ys);
 
 }  // namespace jtile

@@ -1,19 +1,21 @@
-// Grouped convolution, channel-blocked ("grouped"): NCHW input, weights packed
-// ahead of time as [group][block of W output channels][c][ky][kx][W]
-// (jtile.kernels.pack_gemm_weight with W rows), any groups, stride, dilation
-// and padding, bias, residual and activation fused.
+// Grouped convolution, channel-blocked ("grouped"): NCHW input, any groups,
+// stride, dilation and padding, bias, residual and activation fused, for
+// convs with many groups (RegNet, ResNeXt), where a GEMM per group is too
+// small to fill its register tile.
 //
-// Written for convs with many groups of at least W output channels
-// (ResNeXt's 32 groups of 16 or 32 at 14x14 and 7x7), where a GEMM per group
-// is too small to fill its register tile: a task takes one block of W output
-// channels of one group (one vector's lanes) and a band of output rows,
-// copies the input rows the band needs, for the group's channels, into a
-// per-worker buffer with their zero padding, and accumulates B output
-// columns at a time in registers, each tap one weight vector times B input
-// values broadcast from the buffer. The band, held as W-channel vectors per
+// With `span_groups` (jtile.kernels picks it for stride-1 convs whose groups
+// have at most W / 4 output channels, ResNeXt's first stage), the weights are
+// OIHW and the conv runs on vectors of W consecutive output channels spanning
+// several groups (kernels/channel_blocks.cc). Otherwise the weights are packed
+// ahead of time as [group][block of W output channels][c][ky][kx][W]
+// (jtile.kernels.pack_gemm_weight with W rows), and a task takes one block of
+// W output channels of one group (one vector's
+// lanes) and a band of output rows, copies the input rows the band needs, for
+// the group's channels, into a per-worker buffer with their zero padding, and
+// accumulates B output columns at a time in registers, each tap one weight
+// vector times B input values broadcast from the buffer. The band, held as W-channel vectors per
 // position, is then transposed into the output planes with the residual and
-// the activation (kernels/blocked.h). Groups of fewer than W output channels
-// leave lanes idle: `direct` suits them better.
+// the activation (kernels/blocked.h).
 //
 // Every output sums its taps in one order (c, ky, kx) whatever the band or
 // thread split, padding included, so NaN and Inf propagate as in XLA and the
@@ -112,7 +114,7 @@ RowsFn pick(int b) {
 
 ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, F32Buffer res,
                        ffi::Span<const int64_t> attr, int64_t act, float alpha, float lo, float hi,
-                       ffi::Span<const int64_t> kernel, F32Result y) {
+                       ffi::Span<const int64_t> kernel, int64_t span_groups, F32Result y) {
   auto xd = x.dimensions(), wd = w.dimensions();
   if (xd.size() != 4 || attr.size() != 9 || attr[8] < 1 || kernel.size() != 3)
     return ffi::Error::InvalidArgument(
@@ -122,14 +124,23 @@ ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer
   const int64_t weight[4] = {kernel[0], xd[1] / attr[8], kernel[1], kernel[2]};
   if (auto e = decode_conv(x, weight, b, attr, y, act, alpha, lo, hi, &s, &ep); e.failure()) return e;
   const int64_t taps = s.cg * s.kh * s.kw;
+  const bool narrow = span_groups != 0;  // lanes span groups: OIHW weights, kernels/channel_blocks.cc
   const Grouped p = make_grouped(s, workers(pool));
-  if (wd.size() != 4 || wd[0] != s.groups || wd[1] != p.blocks || wd[2] != taps || wd[3] != W)
+  const bool packed_ok = narrow ? wd.size() == 4 && wd[0] == s.o && wd[1] == s.cg && wd[2] == s.kh && wd[3] == s.kw
+                                : wd.size() == 4 && wd[0] == s.groups && wd[1] == p.blocks && wd[2] == taps && wd[3] == W;
+  if (!packed_ok)
     return ffi::Error::InvalidArgument(
-        "jtile grouped: the packed w (groups, blocks, K, lanes) does not match the conv and the vector width");
+        "jtile grouped: w must be OIHW when vectors span groups, else packed as (groups, blocks, K, W), "
+        "W the vector width");
   const bool has_residual = res.element_count() > 0;
   if (has_residual && res.element_count() != y->element_count())
     return ffi::Error::InvalidArgument("jtile grouped: the residual must be empty or have the output's shape");
   if (s.n * s.o * s.oh * s.ow == 0) return ffi::Error::Success();
+  if (narrow) {
+    conv_channel_blocks(pool, s, x.typed_data(), w.typed_data(), b.typed_data(), ep,
+                        has_residual ? res.typed_data() : nullptr, y->typed_data());
+    return ffi::Error::Success();
+  }
   const RowsFn compute = pick(p.b);
   const float *xs = x.typed_data(), *ws = w.typed_data(), *bias = b.typed_data();
   const float* rs = has_residual ? res.typed_data() : nullptr;
@@ -159,6 +170,7 @@ ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JtileConvGrouped, jtile::ConvGrouped,
                               JTILE_CONV_RESIDUAL_BINDING.Attr<xla::ffi::Span<const int64_t>>("kernel")
+                                  .Attr<int64_t>("span_groups")
                                   .Ret<jtile::F32Buffer>());
 
 // The vector width W the packed weights of the channel-blocked kernels use.

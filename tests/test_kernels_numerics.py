@@ -93,6 +93,9 @@ CASES = {
     # Blocks of output channels of one group, in bands whose split depends on the thread count.
     "conv_grouped": _conv_case((2, 64, 23, 19), (96, 4, 3, 3), "grouped", groups=16, stride=(1, 2),
                                padding=((1, 2), (0, 1)), activation="relu"),
+    # Groups of 4 output channels at stride 1: vectors span four groups.
+    "conv_grouped_span_groups": _conv_case((2, 32, 15, 13), (64, 2, 3, 3), "grouped", groups=16,
+                                           padding=((1, 1), (2, 0)), activation="relu"),
     "conv_grouped_dilated": _conv_case((1, 12, 17, 15), (36, 4, 3, 2), "grouped", groups=3,
                                        dilation=(2, 1), padding=((2, 2), (1, 1))),
     "conv_winograd": _conv_case((2, 6, 13, 18), (5, 6, 3, 3), "winograd", padding=((1, 2), (0, 1))),
