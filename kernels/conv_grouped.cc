@@ -28,6 +28,7 @@ namespace {
 struct Grouped {
   ConvShape s;
   int64_t blocks;   // blocks of W output channels per group
+  int nv;           // blocks per task (2 when a group has a multiple of 2W channels)
   int b;            // output columns per register block
   int64_t owp;      // output row length rounded up to b
   int64_t cols;     // padded input columns per buffer row
@@ -41,13 +42,14 @@ Grouped make_grouped(const ConvShape& s, int threads) {
   Grouped p;
   p.s = s;
   p.blocks = ceil_div(s.og(), W);
+  p.nv = s.og() % (2 * W) == 0 ? 2 : 1;
   p.b = register_block(s.ow);
   p.owp = ceil_div(s.ow, p.b) * p.b;
   p.cols = std::max((p.owp - 1) * s.sw + (s.kw - 1) * s.dw + 1, s.pl + s.w);
   // Bands: enough tasks to balance the workers, input rows that stay in L2
   // (about 128 KB), at least 4 output rows a band where the plane allows.
   const int64_t by_size = std::max<int64_t>(1, (int64_t(32) << 10) / (s.cg * p.cols * s.sh));
-  const int64_t by_tasks = ceil_div(s.oh * s.n * s.groups * p.blocks, 4 * int64_t(threads));
+  const int64_t by_tasks = ceil_div(s.oh * s.n * s.groups * p.blocks / p.nv, 4 * int64_t(threads));
   p.band = std::clamp<int64_t>(std::min(by_size, std::max<int64_t>(by_tasks, 4)), 1, s.oh);
   p.bands = ceil_div(s.oh, p.band);
   return p;
@@ -74,41 +76,50 @@ void load_rows(const Grouped& p, const float* x, int64_t oy0, int64_t oy1, float
 }
 
 // Output rows [0, rows) of the band from the buffer (`in_rows` rows a
-// channel) into out[(r * owp + ox) * W], with the bias.
-template <int B>
-void compute_rows(const Grouped& p, const float* buf, int64_t in_rows, const float* wt, V bias,
+// channel) into out, NV blocks of W channels (block v's weights at wt + v *
+// K * W, its outputs at out + v * band * owp * W, as (r * owp + ox) * W),
+// with the bias; each broadcast input value feeds NV FMAs.
+template <int B, int NV>
+void compute_rows(const Grouped& p, const float* buf, int64_t in_rows, const float* wt, const V* bias,
                   int64_t rows, float* out) {
   const ConvShape& s = p.s;
-  const int64_t channel = in_rows * p.cols;
+  const int64_t channel = in_rows * p.cols, k = s.cg * s.kh * s.kw, half = p.band * p.owp * W;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t ox = 0; ox < p.owp; ox += B) {
-      V acc[B];
-      for (int b = 0; b < B; ++b) acc[b] = vzero();
+      V acc[NV][B];
+      for (int v = 0; v < NV; ++v)
+        for (int b = 0; b < B; ++b) acc[v][b] = vzero();
       const float* base = buf + r * s.sh * p.cols + ox * s.sw;
       const float* w = wt;
       for (int64_t c = 0; c < s.cg; ++c)
         for (int64_t ky = 0; ky < s.kh; ++ky) {
           const float* row = base + c * channel + ky * s.dh * p.cols;
           for (int64_t kx = 0; kx < s.kw; ++kx, w += W) {
-            const V wv = vload(w);
+            V wv[NV];
+            for (int v = 0; v < NV; ++v) wv[v] = vload(w + v * k * W);
             const float* xk = row + kx * s.dw;
 #pragma GCC unroll 8
-            for (int b = 0; b < B; ++b) acc[b] = vfma(wv, vset1(xk[b * s.sw]), acc[b]);
+            for (int b = 0; b < B; ++b) {
+              const V xb = vset1(xk[b * s.sw]);
+              for (int v = 0; v < NV; ++v) acc[v][b] = vfma(wv[v], xb, acc[v][b]);
+            }
           }
         }
-      for (int b = 0; b < B; ++b) vstore(out + (r * p.owp + ox + b) * W, vadd(acc[b], bias));
+      for (int v = 0; v < NV; ++v)
+        for (int b = 0; b < B; ++b) vstore(out + v * half + (r * p.owp + ox + b) * W, vadd(acc[v][b], bias[v]));
     }
 }
 
-using RowsFn = void (*)(const Grouped&, const float*, int64_t, const float*, V, int64_t, float*);
+using RowsFn = void (*)(const Grouped&, const float*, int64_t, const float*, const V*, int64_t, float*);
 
-RowsFn pick(int b) {
+template <int NV>
+RowsFn pick_b(int b) {
   switch (b) {
-    case 4: return compute_rows<4>;
-    case 5: return compute_rows<5>;
-    case 6: return compute_rows<6>;
-    case 7: return compute_rows<7>;
-    default: return compute_rows<8>;
+    case 4: return compute_rows<4, NV>;
+    case 5: return compute_rows<5, NV>;
+    case 6: return compute_rows<6, NV>;
+    case 7: return compute_rows<7, NV>;
+    default: return compute_rows<8, NV>;
   }
 }
 
@@ -141,26 +152,32 @@ ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer
                         has_residual ? res.typed_data() : nullptr, y->typed_data());
     return ffi::Error::Success();
   }
-  const RowsFn compute = pick(p.b);
+  const RowsFn compute = p.nv == 2 ? pick_b<2>(p.b) : pick_b<1>(p.b);
   const float *xs = x.typed_data(), *ws = w.typed_data(), *bias = b.typed_data();
   const float* rs = has_residual ? res.typed_data() : nullptr;
   float* ys = y->typed_data();
-  const int64_t plane = s.oh * s.ow;
+  const int64_t plane = s.oh * s.ow, units = p.blocks / p.nv, half = p.band * p.owp * W;
   Workspace scratch(pool, 2);  // per worker: the input rows, the output band
-  parallel_for(pool, s.n * s.groups * p.blocks * p.bands, [&](int64_t task, int worker) {
-    const int64_t band = task % p.bands, block = task / p.bands % p.blocks;
-    const int64_t g = task / p.bands / p.blocks % s.groups, n = task / p.bands / p.blocks / s.groups;
+  parallel_for(pool, s.n * s.groups * units * p.bands, [&](int64_t task, int worker) {
+    const int64_t band = task % p.bands, unit = task / p.bands % units;
+    const int64_t g = task / p.bands / units % s.groups, n = task / p.bands / units / s.groups;
     const int64_t oy0 = band * p.band, oy1 = std::min(s.oh, oy0 + p.band), in_rows = p.in_rows(oy1 - oy0);
     float* in = scratch.get(worker, 0, s.cg * p.in_rows(p.band) * p.cols);
-    float* out = scratch.get(worker, 1, p.band * p.owp * W);
-    const int64_t o0 = g * s.og() + block * W;
-    const int lanes = (int)std::min<int64_t>(W, s.og() - block * W);
-    alignas(64) float bv[W] = {};
-    for (int i = 0; i < lanes; ++i) bv[i] = bias[o0 + i];
+    float* out = scratch.get(worker, 1, p.nv * half);
+    V bv[2];
+    for (int v = 0; v < p.nv; ++v) {
+      const int64_t block = unit * p.nv + v, lanes = std::min<int64_t>(W, s.og() - block * W);
+      alignas(64) float lane_bias[W] = {};
+      for (int64_t i = 0; i < lanes; ++i) lane_bias[i] = bias[g * s.og() + block * W + i];
+      bv[v] = vload(lane_bias);
+    }
     load_rows(p, xs + (n * s.c + g * s.cg) * s.h * s.w, oy0, oy1, in);
-    compute(p, in, in_rows, ws + (g * p.blocks + block) * taps * W, vload(bv), oy1 - oy0, out);
-    const int64_t at = (n * s.o + o0) * plane;
-    store_blocked(out, p.owp, lanes, s.oh, s.ow, oy0, oy1, ep, rs ? rs + at : nullptr, ys + at);
+    compute(p, in, in_rows, ws + (g * p.blocks + unit * p.nv) * taps * W, bv, oy1 - oy0, out);
+    for (int v = 0; v < p.nv; ++v) {
+      const int64_t block = unit * p.nv + v, o0 = g * s.og() + block * W, at = (n * s.o + o0) * plane;
+      const int lanes = (int)std::min<int64_t>(W, s.og() - block * W);
+      store_blocked(out + v * half, p.owp, lanes, s.oh, s.ow, oy0, oy1, ep, rs ? rs + at : nullptr, ys + at);
+    }
   });
   return ffi::Error::Success();
 }

@@ -115,7 +115,8 @@ def test_conv2d_large_blocks_match_reference(algorithm):
      ((2, 64, 9, 9), 16, 2),      # 16 groups of 4 -> 16, batch 2, pixel rows over the batch
      ((1, 96, 7, 7), 24, 1),      # 32 groups of 3 -> 24 at 7x7, pixel rows
      ((3, 48, 12, 10), 8, 2),     # 16 groups: 48 GEMMs, one per (group, image)
-     ((1, 64, 30, 9), 40, 1)],    # 32 groups of 40: grouped's ragged second block, bands
+     ((1, 64, 30, 9), 40, 1),     # 32 groups of 40: grouped's ragged second block, bands
+     ((1, 64, 9, 8), 32, 2)],     # 32 groups of 32: grouped's two blocks a task
 )
 def test_conv2d_many_groups_match_reference(algorithm, x_shape, og, stride):
     groups = 32 if x_shape[1] != 48 else 16

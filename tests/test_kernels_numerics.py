@@ -93,6 +93,9 @@ CASES = {
     # Blocks of output channels of one group, in bands whose split depends on the thread count.
     "conv_grouped": _conv_case((2, 64, 23, 19), (96, 4, 3, 3), "grouped", groups=16, stride=(1, 2),
                                padding=((1, 2), (0, 1)), activation="relu"),
+    # Groups of 32 output channels: two blocks of W a task.
+    "conv_grouped_two_blocks": _conv_case((1, 32, 11, 9), (128, 8, 3, 3), "grouped", groups=4,
+                                          padding=((1, 1), (1, 1))),
     # Groups of 4 output channels at stride 1: vectors span four groups.
     "conv_grouped_span_groups": _conv_case((2, 32, 15, 13), (64, 2, 3, 3), "grouped", groups=16,
                                            padding=((1, 1), (2, 0)), activation="relu"),
