@@ -6,10 +6,11 @@
 // EfficientNet-B0's and MobileNetV3's layers, and 3x3 layers from 14x14 to
 // 112x112):
 //
-// - Channel-blocked, as ONNX Runtime's NCHWc kernels are: a task takes W
-//   output channels (one vector's lanes) and a band of output rows. It
-//   transposes the input rows the band needs, for the W input channels those
-//   outputs read, into a per-worker buffer of padded rows of W-channel vectors
+// - Channel-blocked (kernels/channel_blocks.cc, shared with conv_grouped.cc),
+//   as ONNX Runtime's NCHWc kernels are: a task takes W output channels (one
+//   vector's lanes) and a band of output rows. It transposes the input rows
+//   the band needs, for the W input channels those outputs read, into a
+//   per-worker buffer of padded rows of W-channel vectors
 //   (zero in the padding), so that every tap of every output is one vector load
 //   and one FMA, whatever the plane's width. Outputs are accumulated B columns
 //   at a time in registers (B chosen per layer so that few columns are
