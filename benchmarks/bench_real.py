@@ -153,7 +153,7 @@ class RealCase:
 
 
 TORCHVISION = ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "squeezenet1_1",
-               "densenet121", "shufflenet_v2_x1_0", "deeplabv3_mobilenet_v3_large")
+               "densenet121", "shufflenet_v2_x1_0", "deeplabv3_mobilenet_v3_large", "regnet_y_400mf")
 ZOO = ("resnet18", "mobilenet_v2", "googlenet", "alexnet")
 CASES = tuple(RealCase(m) for m in TORCHVISION) + tuple(RealCase(m, zoo=True) for m in ZOO)
 

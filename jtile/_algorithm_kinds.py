@@ -178,22 +178,25 @@ def _conv_preference(eqn, layer: Layer) -> tuple[str, ...]:
     1.2-2x, 3x3 at 7x7 1.8x, 1x1 1.1-5x; but 1x1 convs over a 1x1 image
     (squeeze-excitation) on the dense kernel's matrix-vector path, where im2col
     + GEMM fills one row of its tile (240->960: 23 against 120 us, XLA 23).
-    Grouped (not depthwise) convs were not measured, so they stay with XLA.
-    Dilated convs go to im2col + GEMM only where the dilated window spans the
-    whole input (DeepLabV3's atrous pyramid): 960->256 3x3 at 14x14 dilation
-    12 took 1.9 ms against XLA's 4.9, at 28x28 dilation 36 16 ms against 77;
-    with smaller dilations XLA was as fast or up to 15% faster.
+    Grouped convs (not depthwise): `grouped` on every 3x3 layer of
+    RegNetY-400MF (groups of 8 channels) and ResNeXt-50 32x4d (groups of 4 to
+    32), 1.1-2.8x the faster of `smm` (one group's GEMM per task) and
+    `direct`, 4-40x XLA (which ran them at 4-25 GFLOP/s). Dilated convs go to
+    im2col + GEMM only where the dilated window spans the whole input
+    (DeepLabV3's atrous pyramid): 960->256 3x3 at 14x14 dilation 12 took 1.9
+    ms against XLA's 4.9, at 28x28 dilation 36 16 ms against 77; with smaller
+    dilations XLA was as fast or up to 15% faster.
     """
     if _is_depthwise(layer):
         return ("depthwise", "direct")
     if _single_pixel_support(eqn, layer) is None:
         return ("dense",)
-    if layer.groups != 1:
-        return ()
     if any(d != 1 for d in layer.dilation):
         g = ConvGeometry.of(eqn)
         spans_input = any(g.axis(i).span >= g.in_shape[2 + i] for i in range(len(g.window)))
         return ("smm",) if spans_input else ()
+    if layer.groups > 1:
+        return ("grouped", "smm")
     out_spec = eqn.params["dimension_numbers"][2]
     if (
         layer.kernel_size == (3, 3)
@@ -333,7 +336,7 @@ def _auto_pool(kernel: str):
 # ---------------------------------------------------------------- tables
 
 
-CONV_ALGORITHMS = ("direct", "smm", "winograd", "depthwise")
+CONV_ALGORITHMS = ("direct", "smm", "winograd", "depthwise", "grouped")
 _CONV_SUPPORT = {**{name: _conv_support(name) for name in CONV_ALGORITHMS}, "dense": _single_pixel_support}
 
 # (kind, name, support, run) for every kernel algorithm.

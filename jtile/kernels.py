@@ -23,29 +23,31 @@ Numerics, measured against a float64 reference (unit-normal inputs, weights
 scaled by 1/sqrt(fan-in); error = max |y - y64| / max |y64|;
 tests/test_kernels_numerics.py holds every kernel to `TOLERANCE`):
 
-| layer | XLA | direct | smm | winograd | depthwise / dense / pool |
-|---|---|---|---|---|---|
-| 3x3 64->64 @56 | 8.1e-7 | 8.1e-7 | 5.0e-7 | 6.5e-6 | |
-| 3x3 256->256 @14 | 6.6e-7 | 2.1e-6 | 3.7e-7 | 9.5e-6 | |
-| 3x3 s2 128->256 @28 | 5.1e-7 | 9.7e-7 | 3.2e-7 | | |
-| 3x3 1000->1001 @14 | 4.0e-7 | 3.4e-6 | 3.2e-7 | 2.1e-5 | |
-| 1x1 144->24 @56 | 1.4e-7 | 4.1e-7 | 4.1e-7 | | |
-| depthwise 3x3 144 @56 | 1.5e-7 | 1.1e-7 | 1.1e-7 | | 1.1e-7 |
-| dense 512->1000, batch 1 | 5.0e-7 | | | | 1.5e-7 |
-| dense 4096->1000 (N, K), batch 1 | 2.1e-6 | | | | 3.9e-7 |
-| dense 512->1000, batch 32 | 4.7e-7 | | | | 4.7e-7 |
-| avg pool 3x3 s2 @112 | 2.0e-7 | | | | 2.0e-7 |
-| global avg pool @112 | 7.7e-8 | | | | 4.3e-7 |
-| 1x1 144->24 @56 + sigmoid | 4.5e-7 | | 5.8e-7 | | |
-| 1x1 144->24 @56 + silu | 1.7e-7 | | 6.2e-7 | | |
-| 1x1 144->24 @56 + hard_sigmoid | 3.4e-7 | | 6.7e-7 | | |
-| 1x1 144->24 @56 + hard_swish | 1.9e-7 | | 5.4e-7 | | |
-| 1x1 144->24 @56 + gelu | 1.9e-7 | | 5.4e-7 | | |
-| 1x1 144->24 @56 + gelu_tanh | 1.9e-7 | | 5.4e-7 | | |
-| depthwise 3x3 144 @56 + sigmoid | 2.6e-7 | | | | 2.6e-7 |
-| depthwise 3x3 144 @56 + silu | 1.3e-7 | | | | 1.2e-7 |
-| depthwise 3x3 144 @56 + hard_sigmoid | 2.3e-7 | | | | 1.9e-7 |
-| depthwise 3x3 144 @56 + hard_swish / gelu / gelu_tanh | 9.5e-8 | | | | 1.1e-7 |
+| layer | XLA | direct | smm | grouped | winograd | depthwise / dense / pool |
+|---|---|---|---|---|---|---|
+| 3x3 64->64 @56 | 8.1e-7 | 8.1e-7 | 5.0e-7 | 8.1e-7 | 6.5e-6 | |
+| 3x3 256->256 @14 | 6.6e-7 | 2.1e-6 | 3.7e-7 | 2.1e-6 | 9.5e-6 | |
+| 3x3 s2 128->256 @28 | 5.1e-7 | 9.7e-7 | 3.2e-7 | 9.7e-7 | | |
+| 3x3 1000->1001 @14 | 4.7e-7 | 4.0e-6 | 3.5e-7 | 4.0e-6 | 1.9e-5 | |
+| 1x1 144->24 @56 | 1.4e-7 | 4.1e-7 | 4.1e-7 | 4.1e-7 | | |
+| 3x3 512->512, 32 groups @14 | 1.8e-7 | 4.5e-7 | 4.5e-7 | 4.5e-7 | | |
+| depthwise 3x3 144 @56 | 1.5e-7 | 1.1e-7 | 1.1e-7 | 1.1e-7 | | 1.1e-7 |
+| depthwise 5x5 672 @14 | 2.6e-7 | 2.6e-7 | 2.6e-7 | 2.6e-7 | | 2.6e-7 |
+| dense 512->1000, batch 1 | 5.0e-7 | | | | | 1.5e-7 |
+| dense 4096->1000 (N, K), batch 1 | 2.1e-6 | | | | | 3.9e-7 |
+| dense 512->1000, batch 32 | 4.7e-7 | | | | | 4.7e-7 |
+| avg pool 3x3 s2 @112 | 2.0e-7 | | | | | 2.0e-7 |
+| global avg pool @112 | 7.7e-8 | | | | | 4.3e-7 |
+| 1x1 144->24 @56 + sigmoid | 4.5e-7 | | 5.8e-7 | | | |
+| 1x1 144->24 @56 + silu | 1.7e-7 | | 6.2e-7 | | | |
+| 1x1 144->24 @56 + hard_sigmoid | 3.4e-7 | | 6.7e-7 | | | |
+| 1x1 144->24 @56 + hard_swish | 1.9e-7 | | 5.4e-7 | | | |
+| 1x1 144->24 @56 + gelu | 1.9e-7 | | 5.4e-7 | | | |
+| 1x1 144->24 @56 + gelu_tanh | 1.9e-7 | | 5.4e-7 | | | |
+| depthwise 3x3 144 @56 + sigmoid | 2.6e-7 | | | | | 2.6e-7 |
+| depthwise 3x3 144 @56 + silu | 1.3e-7 | | | | | 1.2e-7 |
+| depthwise 3x3 144 @56 + hard_sigmoid | 2.3e-7 | | | | | 1.9e-7 |
+| depthwise 3x3 144 @56 + hard_swish / gelu / gelu_tanh | 9.5e-8 | | | | | 1.1e-7 |
 
 Activation rows: weights scaled to 3/sqrt(fan-in) so that pre-activations
 reach the saturated regions; hard ones with alpha 1/6, beta 0.5; XLA is its
@@ -58,8 +60,8 @@ so every element gets the same bits whichever path computes it.
 
 Winograd's transforms scale values by up to ~100, so its error is relative to
 the output's magnitude, not to each element: ~50x XLA's at 1000 channels.
-`direct` sums each output's taps in one long chain (its error grows with the
-fan-in). NaN and Inf come out where XLA's op puts them, with the same signs,
+`direct` and `grouped` sum each output's taps in one long chain (their error
+grows with the fan-in). NaN and Inf come out where XLA's op puts them, with the same signs,
 in every kernel (Winograd recomputes the tiles they reach directly). Every
 kernel gives the same bits for any thread count: work is split over
 independent outputs, and the batch-1 dense path splits its sum by shape only.
@@ -290,7 +292,7 @@ def _padding(padding) -> Padding:
 
 # Bounds on max |y - y64| / max |y64| for unit-normal data (see the table
 # above): what a caller may rely on, per algorithm ("dense", "pool" for those kernels).
-TOLERANCE = {"direct": 1e-5, "smm": 2e-6, "winograd": 5e-5, "depthwise": 1e-6, "dense": 2e-6, "pool": 2e-6}
+TOLERANCE = {"direct": 1e-5, "grouped": 1e-5, "smm": 2e-6, "winograd": 5e-5, "depthwise": 1e-6, "dense": 2e-6, "pool": 2e-6}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -468,7 +470,7 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
 
     `x` NCHW, `w` OIHW `(O, C/groups, KH, KW)`, `b` `(O,)` or None;
     `residual`, of the output's shape, is added before the activation (fused
-    in "smm" and "winograd", added in jnp after the others); `activation` one
+    in "smm", "grouped" and "winograd", added in jnp after the others); `activation` one
     of None, "relu", "relu6", "clip" (to `clip=(lo, hi)`), "leaky_relu"
     (slope `alpha`), "sigmoid", "silu", "hard_sigmoid" / "hard_swish"
     (`clip(alpha * y + beta, 0, 1)`), "gelu", "gelu_tanh". Raises `UnsupportedError` naming why if the algorithm
@@ -572,6 +574,35 @@ def _smm_prepare(spec: ConvSpec, w: jax.Array) -> tuple[jax.Array, dict]:
 
 register_conv_algorithm("direct", "jtile_conv_direct", "JtileConvDirect", _any_conv)
 register_conv_algorithm("smm", "jtile_conv_smm", "JtileConvSmm", _any_conv, _smm_prepare, residual=True)
+
+# ------------------------------------------------- grouped (channel-blocked) conv
+
+
+@functools.cache
+def vector_lanes() -> int:
+    """The lanes W of the kernels' vectors (16 with AVX-512, else 8): the
+    `grouped` kernel computes W output channels of one group at a time."""
+    reason = kernel_unavailable("jtile_conv_grouped")
+    if reason is not None:
+        raise UnsupportedError(reason)
+    library = ctypes.cdll.LoadLibrary(LIBRARY_PATH)
+    library.JtileVectorLanes.restype = ctypes.c_int64
+    return int(library.JtileVectorLanes())
+
+
+def _grouped_prepare(spec: ConvSpec, w: jax.Array) -> tuple[jax.Array, dict]:
+    """`w` packed per group in blocks of W output channels, or OIHW when vectors
+    span several groups: at stride 1 with at most W / 4 output channels a group,
+    where that measured 1.4x (ResNeXt-50's 32 groups of 4 at 56x56); with 8 it
+    was even, and at stride 2 up to 3x slower (it transposes every input column)."""
+    lanes = vector_lanes()
+    span_groups = spec.w_shape[0] // spec.groups * 4 <= lanes and spec.stride[1] == 1
+    return w if span_groups else pack_gemm_weight(w, spec.groups, lanes), dict(
+        kernel=np.array([spec.w_shape[0], *spec.w_shape[2:]], np.int64), span_groups=np.int64(span_groups))
+
+
+register_conv_algorithm("grouped", "jtile_conv_grouped", "JtileConvGrouped", _any_conv, _grouped_prepare,
+                        residual=True)
 
 # ------------------------------------------------------------- more kernels
 # How to add a kernel:
@@ -784,7 +815,7 @@ __all__ = [
     "Pair", "Padding", "LIBRARY_ENV", "activation_reference", "library_candidates",
     "kernel_unavailable", "warn_if_unavailable", "ConvSpec", "ConvAlgorithm",
     "register_conv_algorithm", "conv2d_reference", "conv2d_support", "conv2d", "gemm_tile",
-    "smm_pixel_rows", "pack_gemm_weight", "dense_reference", "GEMV_ROWS", "dense",
+    "smm_pixel_rows", "pack_gemm_weight", "vector_lanes", "dense_reference", "GEMV_ROWS", "dense",
     "max_pool2d_reference", "avg_pool2d_reference", "global_avg_pool2d_reference", "max_pool2d",
     "avg_pool2d", "global_avg_pool2d", "LIBRARY_PATH"
 ]

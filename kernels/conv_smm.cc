@@ -152,26 +152,34 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, 
     return ffi::Error::InvalidArgument("jtile smm: the residual must be empty or have the output's shape");
   const bool pointwise = s.kh == 1 && s.kw == 1 && s.sh == 1 && s.sw == 1 &&
                          s.pt + s.pb + s.pl + s.pr == 0;
-  for (int64_t g = 0; g < s.groups; ++g) {
+  // GEMM i: group i / images, and image i % images in channel rows (pixel
+  // rows take the whole batch at once).
+  const int64_t images = pixel_rows ? 1 : s.n, count = s.groups * images;
+  auto run = [&](int64_t i, bool serial) {
+    const int64_t g = i / images, n = i % images;
     const Prepacked wg(w.typed_data() + g * wd[1] * taps * r, taps, r);
     const float* bias = b.typed_data() + g * og;
     float* yg = y->typed_data() + g * og * pixels;
     const float* rg = has_residual ? res.typed_data() + g * og * pixels : nullptr;
     if (pixel_rows) {
       GemmOutput out{yg, pixels, nullptr, bias, ep, rg, pixels, s.o * pixels};
-      gemm(pool, s.n * pixels, og, taps, Im2col(s, x.typed_data() + g * s.cg * s.h * s.w), wg, out);
-      continue;
+      gemm(pool, s.n * pixels, og, taps, Im2col(s, x.typed_data() + g * s.cg * s.h * s.w), wg, out, serial);
+      return;
     }
-    for (int64_t n = 0; n < s.n; ++n) {
-      const float* xg = x.typed_data() + (n * s.c + g * s.cg) * s.h * s.w;
-      GemmOutput out{yg + n * s.o * pixels, pixels, bias, nullptr, ep,
-                     rg ? rg + n * s.o * pixels : nullptr};
-      if (pointwise)
-        gemm(pool, og, pixels, taps, wg, Columns(xg, pixels), out);
-      else
-        gemm(pool, og, pixels, taps, wg, Im2col(s, xg), out);
-    }
-  }
+    const float* xg = x.typed_data() + (n * s.c + g * s.cg) * s.h * s.w;
+    GemmOutput out{yg + n * s.o * pixels, pixels, bias, nullptr, ep, rg ? rg + n * s.o * pixels : nullptr};
+    if (pointwise)
+      gemm(pool, og, pixels, taps, wg, Columns(xg, pixels), out, serial);
+    else
+      gemm(pool, og, pixels, taps, wg, Im2col(s, xg), out, serial);
+  };
+  // Many GEMMs (grouped convs): one a task, each on one thread, since a
+  // group's GEMM is too small to pay for spreading it over the workers
+  // (ResNeXt's 32 groups at 14x14: 16x196x144 each). Few: each over the workers.
+  if (count >= 2 * workers(pool))
+    parallel_for(pool, count, [&](int64_t i) { run(i, true); });
+  else
+    for (int64_t i = 0; i < count; ++i) run(i, false);
   return ffi::Error::Success();
 }
 

@@ -154,8 +154,13 @@ void Prepacked::pack(int64_t k0, int64_t kc, int64_t i0, int64_t count, int, flo
 }
 
 void gemm(ffi::ThreadPool& pool, int64_t m, int64_t n, int64_t k, const Operand& a,
-          const Operand& b, const GemmOutput& out) {
+          const Operand& b, const GemmOutput& out, bool serial) {
   if (m <= 0 || n <= 0) return;
+  // Serial: every task on the calling thread, as worker 0 of its own workspace.
+  auto for_each = [&](int64_t count, auto&& fn) {
+    if (!serial) return parallel_for(pool, count, fn);
+    for (int64_t i = 0; i < count; ++i) fn(i, 0);
+  };
   const int64_t strips_m = ceil_div(m, MR), strips_n = ceil_div(n, NR);
   const int64_t kblocks = std::max<int64_t>(1, ceil_div(k, KC));
   // A strip s of K block starting at k0 (kc deep).
@@ -165,7 +170,7 @@ void gemm(ffi::ThreadPool& pool, int64_t m, int64_t n, int64_t k, const Operand&
   const bool a_packed = a.packed(0, 0, &a_stride) != nullptr;
   if (!a_packed) {
     a_buffer = scratch.get(0, 2, strips_m * MR * k);
-    parallel_for(pool, strips_m, [&](int64_t s) {
+    for_each(strips_m, [&](int64_t s, int) {
       for (int64_t k0 = 0; k0 < k; k0 += KC) {
         const int64_t kc = std::min(KC, k - k0);
         a.pack(k0, kc, s * MR, std::min<int64_t>(MR, m - s * MR), MR,
@@ -180,9 +185,9 @@ void gemm(ffi::ThreadPool& pool, int64_t m, int64_t n, int64_t k, const Operand&
   };
 
   int64_t unused;
-  const Grid grid = plan_grid(strips_m, strips_n, std::max<int64_t>(1, pool.num_threads()),
+  const Grid grid = plan_grid(strips_m, strips_n, serial ? 1 : std::max<int64_t>(1, pool.num_threads()),
                               b.packed(0, 0, &unused) != nullptr);
-  parallel_for(pool, grid.m_chunks * grid.n_blocks, [&](int64_t task, int worker) {
+  for_each(grid.m_chunks * grid.n_blocks, [&](int64_t task, int worker) {
     const int64_t s0 = task % grid.m_chunks * grid.m_strips;
     const int64_t s1 = std::min(strips_m, s0 + grid.m_strips);
     const int64_t n0 = task / grid.m_chunks * grid.n_strips * NR;

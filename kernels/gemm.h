@@ -74,7 +74,9 @@ struct GemmOutput {
   bool transposed() const { return block > 0; }
 };
 
+// serial: run on the calling thread only (a caller that parallelises over
+// many small GEMMs itself); the result is the same bits either way.
 void gemm(ffi::ThreadPool& pool, int64_t m, int64_t n, int64_t k, const Operand& a,
-          const Operand& b, const GemmOutput& out);
+          const Operand& b, const GemmOutput& out, bool serial = false);
 
 }  // namespace jtile

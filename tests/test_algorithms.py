@@ -142,6 +142,21 @@ def test_auto_swaps_where_a_kernel_wins_and_keeps_xla_elsewhere(getkey, tree_all
     assert chosen == [0, 1, 2, 3]
 
 
+@pytest.mark.parametrize("channels, groups", [(64, 16), (128, 32), (128, 8), (96, 3)])
+def test_auto_takes_the_grouped_kernel_for_grouped_convs(getkey, tree_allclose, channels, groups):
+    """RegNet's and ResNeXt's grouped 3x3 convs, groups of 4 to 32 channels."""
+    x = jax.random.normal(getkey(), (1, channels, 14, 14))
+    w = jax.random.normal(getkey(), (channels, channels // groups, 3, 3)) * 0.1
+
+    def grouped(x, w):
+        return jax.nn.relu(_conv(x, w, stride=2, groups=groups))
+
+    swapped = swap_backend(grouped, algorithms="auto")
+    jaxpr = str(jax.make_jaxpr(swapped)(x, w))
+    assert "jtile_conv_grouped" in jaxpr and "conv_general_dilated" not in jaxpr
+    assert tree_allclose(jax.jit(swapped)(x, w), grouped(x, w), rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize("rows, swapped", [(1, True), (8, True), (64, True), (65, False)])
 def test_auto_dense_takes_the_kernel_for_inference_batches(getkey, tree_allclose, rows, swapped):
     x, w = jax.random.normal(getkey(), (rows, 48)), jax.random.normal(getkey(), (24, 48))

@@ -39,7 +39,7 @@ def _normal(rng, shape):
 
 
 def _conv_case(draw):
-    groups = draw(st.integers(1, 3))
+    groups = draw(st.integers(1, 8))  # smm runs a GEMM per task from 2 * workers GEMMs on
     cg, og = draw(st.integers(1, 4)), draw(st.integers(1, 4))
     kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
     stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
@@ -60,7 +60,7 @@ def _conv_case(draw):
 conv_cases = st.composite(_conv_case)
 
 
-@pytest.mark.parametrize("algorithm", ["direct", "smm"])
+@pytest.mark.parametrize("algorithm", ["direct", "smm", "grouped"])
 @settings(max_examples=25, deadline=None)
 @given(case=conv_cases())
 def test_conv2d_matches_reference(algorithm, case):
@@ -98,7 +98,7 @@ def test_smm_orientations_fuse_bias_residual_and_activation(x_shape, w_shape, st
     np.testing.assert_allclose(got, kernels.conv2d_reference(x, w, b, **kw), rtol=1e-4, atol=3e-4)
 
 
-@pytest.mark.parametrize("algorithm", ["direct", "smm"])
+@pytest.mark.parametrize("algorithm", ["direct", "smm", "grouped"])
 def test_conv2d_large_blocks_match_reference(algorithm):
     # 40 channels x 3x3 = 360 taps (two GEMM K blocks), 300 output channels
     # (several M chunks), 45x47 pixels (several N blocks and ragged tiles).
@@ -106,6 +106,28 @@ def test_conv2d_large_blocks_match_reference(algorithm):
     x, w, b = _normal(rng, (1, 40, 45, 47)), _normal(rng, (300, 40, 3, 3)), _normal(rng, 300)
     kw = dict(padding=((1, 0), (2, 1)), activation="relu")
     got = kernels.conv2d(x, w, b, algorithm=algorithm, **kw)
+    np.testing.assert_allclose(got, kernels.conv2d_reference(x, w, b, **kw), rtol=1e-4, atol=3e-4)
+
+
+@pytest.mark.parametrize("algorithm", ["direct", "smm", "grouped"])
+@pytest.mark.parametrize(
+    "x_shape, og, stride",
+    [((1, 64, 15, 14), 4, 1),     # ResNeXt-like: 32 groups of 2 -> 4 channels, channel rows
+     ((2, 64, 9, 9), 16, 2),      # 16 groups of 4 -> 16, batch 2, pixel rows over the batch
+     ((1, 96, 7, 7), 24, 1),      # 32 groups of 3 -> 24 at 7x7, pixel rows
+     ((3, 48, 12, 10), 8, 2),     # 16 groups: 48 GEMMs, one per (group, image)
+     ((1, 64, 30, 9), 40, 1),     # 32 groups of 40: grouped's ragged second block, bands
+     ((1, 64, 9, 8), 32, 2)],     # 32 groups of 32: grouped's two blocks a task
+)
+def test_conv2d_many_groups_match_reference(algorithm, x_shape, og, stride):
+    groups = 32 if x_shape[1] != 48 else 16
+    rng = np.random.default_rng(5)
+    cg = x_shape[1] // groups
+    x, w, b = _normal(rng, x_shape), _normal(rng, (og * groups, cg, 3, 3)), _normal(rng, og * groups)
+    config = dict(stride=(stride, stride), padding=((1, 1), (0, 2)), groups=groups)
+    residual = _normal(rng, kernels.conv2d_reference(x, w, **config).shape)
+    kw = dict(**config, activation="leaky_relu", alpha=0.1, residual=residual)
+    got = jax.jit(lambda x, w, b: kernels.conv2d(x, w, b, algorithm=algorithm, **kw))(x, w, b)
     np.testing.assert_allclose(got, kernels.conv2d_reference(x, w, b, **kw), rtol=1e-4, atol=3e-4)
 
 
@@ -222,6 +244,8 @@ _NONFINITE_CASES = {
                     lambda x, w: kernels.conv2d_reference(x, w, padding=((1, 1), (1, 1)), activation="relu")),
     "conv_smm": (lambda x, w: kernels.conv2d(x, w, algorithm="smm", stride=(2, 1), activation="relu6"),
                  lambda x, w: kernels.conv2d_reference(x, w, stride=(2, 1), activation="relu6")),
+    "conv_grouped": (lambda x, w: kernels.conv2d(x, w[:, :1], algorithm="grouped", groups=2, padding=((1, 1), (1, 1))),
+                     lambda x, w: kernels.conv2d_reference(x, w[:, :1], groups=2, padding=((1, 1), (1, 1)))),
     "dense_gemv": (lambda x, w: kernels.dense(x.reshape(2, 36), w.reshape(36, -1)[:, :5]),
                    lambda x, w: kernels.dense_reference(x.reshape(2, 36), w.reshape(36, -1)[:, :5])),
     "dense_gemm": (lambda x, w: kernels.dense(x.reshape(9, -1), x.reshape(-1, 9)),
@@ -261,6 +285,8 @@ _GRAD_CASES = {
     # The residual is a function of x too, so its gradient path is checked.
     "conv_smm_residual": (lambda x, w, b: kernels.conv2d(x, w, b, algorithm="smm", padding=((1, 1), (1, 1)), groups=2, activation="relu", residual=_residual(x)),
                           lambda x, w, b: kernels.conv2d_reference(x, w, b, padding=((1, 1), (1, 1)), groups=2, activation="relu", residual=_residual(x))),
+    "conv_grouped_residual": (lambda x, w, b: kernels.conv2d(x, w, b, algorithm="grouped", padding=((1, 1), (1, 1)), groups=2, activation="relu", residual=_residual(x)),
+                              lambda x, w, b: kernels.conv2d_reference(x, w, b, padding=((1, 1), (1, 1)), groups=2, activation="relu", residual=_residual(x))),
     "conv_winograd_residual": (lambda x, w, b: kernels.conv2d(x[:, :2], w, b, algorithm="winograd", padding=((1, 1), (1, 1)), residual=_residual(x)),
                                lambda x, w, b: kernels.conv2d_reference(x[:, :2], w, b, padding=((1, 1), (1, 1)), residual=_residual(x))),
     "dense_gemm": (lambda x, w, b: kernels.dense(x.reshape(28, 12), w.reshape(-1, 6)[:12], b, activation="relu6"),

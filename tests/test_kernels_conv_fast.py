@@ -52,7 +52,7 @@ def _assert_close(algorithm, got, x, w, b, *, activation=None, residual=None, **
 def conv_cases(draw, algorithm):
     """Layers `algorithm` can run: winograd any 3x3 stride-1 conv, depthwise any depthwise conv."""
     depthwise = algorithm == "depthwise"
-    sizes = st.integers(1, 5) if depthwise else st.just(3)
+    sizes = st.integers(1, 7) if depthwise else st.just(3)
     kernel = (draw(sizes), draw(sizes))
     stride = tuple(draw(st.integers(1, 3) if depthwise else st.just(1)) for _ in range(2))
     dilation = tuple(draw(st.integers(1, 2) if depthwise else st.just(1)) for _ in range(2))
@@ -61,7 +61,7 @@ def conv_cases(draw, algorithm):
         draw(st.integers(max(1, (k - 1) * d + 1 - sum(pad)), 40 if depthwise else 19))
         for k, d, pad in zip(kernel, dilation, padding)
     )
-    channels = draw(st.integers(1, 6 if depthwise else 9))
+    channels = draw(st.integers(1, 40 if depthwise else 9))  # depthwise: ragged blocks of 16 or 8 channels
     out_channels = channels * draw(st.integers(1, 3)) if depthwise else draw(st.integers(1, 19))
     groups = channels if depthwise else 1
     return dict(
@@ -113,12 +113,45 @@ def _with_non_finite(rng, shape):
     return x
 
 
-@pytest.mark.parametrize("stride", [(1, 1), (2, 2)])
-def test_depthwise_propagates_nan_and_inf_like_reference(stride):
+# Layers that take each arrangement of the depthwise kernel (kernels/depthwise.cc):
+# planes for 3x3 stride 1 with rows of >= 32 outputs, channel blocks with the
+# unrolled 3x3 / 5x5 / 7x7 loops at stride 1 and 2, or the general loop.
+DEPTHWISE_LAYERS = {
+    "planes 3x3": ((2, 5, 37, 40), 10, 3, dict(padding=((1, 1), (1, 1)))),
+    "planes 3x3 asymmetric padding": ((1, 3, 33, 35), 3, 3, dict(padding=((0, 2), (2, 1)))),
+    "blocks 3x3 s2": ((2, 19, 29, 31), 19, 3, dict(stride=(2, 2), padding=((1, 1), (1, 1)))),
+    "blocks 5x5": ((1, 33, 14, 14), 33, 5, dict(padding=((2, 2), (2, 2)))),
+    "blocks 5x5 s2 multiplier 2": ((2, 9, 15, 16), 18, 5, dict(stride=(2, 2), padding=((2, 1), (1, 2)))),
+    "blocks 7x7 many bands": ((1, 17, 70, 23), 17, 7, dict(padding=((3, 3), (3, 3)))),
+    "blocks 7x7 s2": ((1, 16, 21, 22), 16, 7, dict(stride=(2, 2), padding=((3, 3), (3, 3)))),
+    "blocks 3x3 narrow": ((3, 40, 7, 7), 40, 3, dict(padding=((1, 1), (1, 1)))),
+    "blocks general s3 dilation 2": ((1, 20, 30, 27), 40, 4, dict(stride=(3, 1), padding=((2, 0), (1, 3)),
+                                                                  dilation=(2, 2))),
+    "blocks general 5x5 dilation (1, 2)": ((1, 18, 19, 24), 18, 5, dict(padding=((2, 2), (4, 4)),
+                                                                       dilation=(1, 2))),
+    "blocks 1x1 wide": ((1, 17, 5, 50), 17, 1, dict()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEPTHWISE_LAYERS))
+def test_depthwise_arrangements_match_reference(name):
+    x_shape, out_channels, k, config = DEPTHWISE_LAYERS[name]
+    rng = np.random.default_rng(4)
+    x, w, b = _normal(rng, x_shape), _normal(rng, (out_channels, 1, k, k)), _normal(rng, out_channels)
+    config = dict(config, groups=x_shape[1], activation="clip")
+    got = jax.jit(lambda x, w, b: kernels.conv2d(x, w, b, algorithm="depthwise", **config, **EPILOGUE))(x, w, b)
+    _assert_close("depthwise", got, x, w, b, **config)
+
+
+@pytest.mark.parametrize("name", ["planes 3x3", "blocks 5x5", "blocks 5x5 s2 multiplier 2",
+                                  "blocks general s3 dilation 2"])
+def test_depthwise_propagates_nan_and_inf_like_reference(name):
+    x_shape, out_channels, k, config = DEPTHWISE_LAYERS[name]
     rng = np.random.default_rng(3)
-    x, w, b = _with_non_finite(rng, (1, 4, 11, 21)), _normal(rng, (8, 1, 3, 3)), _normal(rng, 8)
-    w[5, 0, 1, 1] = np.inf
-    config = dict(stride=stride, padding=((1, 1), (1, 1)), groups=4)
+    x, w, b = _with_non_finite(rng, x_shape), _normal(rng, (out_channels, 1, k, k)), _normal(rng, out_channels)
+    w[out_channels // 2, 0, k // 2, k // 2] = np.inf
+    w[out_channels - 1, 0, 0, 0] = -np.inf  # meets the zero padding: NaN there, as in XLA
+    config = dict(config, groups=x_shape[1])
     got = np.asarray(kernels.conv2d(x, w, b, algorithm="depthwise", **config))
     want = np.asarray(kernels.conv2d_reference(x, w, b, **config))
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))

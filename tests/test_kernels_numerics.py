@@ -93,6 +93,24 @@ CASES = {
     "conv_smm_pointwise": _conv_case((2, 8, 9, 9), (16, 8, 1, 1), "smm"),
     "conv_smm_pixel_rows": _conv_case((2, 40, 7, 7), (64, 40, 3, 3), "smm", padding=((1, 1), (1, 1)),
                                       activation="relu"),
+    # Many groups: smm runs one group's GEMM per task (channel and pixel rows).
+    "conv_smm_many_groups": _conv_case((2, 32, 16, 15), (64, 2, 3, 3), "smm", groups=16,
+                                       padding=((1, 1), (1, 1)), activation="relu"),
+    "conv_smm_many_groups_pixel_rows": _conv_case((1, 64, 7, 7), (128, 8, 3, 3), "smm", groups=8,
+                                                  stride=(1, 1), padding=((1, 1), (1, 1))),
+    "conv_direct_many_groups": _conv_case((1, 64, 14, 14), (64, 2, 3, 3), "direct", groups=32,
+                                          stride=(2, 2), padding=((1, 1), (1, 1))),
+    # Blocks of output channels of one group, in bands whose split depends on the thread count.
+    "conv_grouped": _conv_case((2, 64, 23, 19), (96, 4, 3, 3), "grouped", groups=16, stride=(1, 2),
+                               padding=((1, 2), (0, 1)), activation="relu"),
+    # Groups of 32 output channels: two blocks of W a task.
+    "conv_grouped_two_blocks": _conv_case((1, 32, 11, 9), (128, 8, 3, 3), "grouped", groups=4,
+                                          padding=((1, 1), (1, 1))),
+    # Groups of 4 output channels at stride 1: vectors span four groups.
+    "conv_grouped_span_groups": _conv_case((2, 32, 15, 13), (64, 2, 3, 3), "grouped", groups=16,
+                                           padding=((1, 1), (2, 0)), activation="relu"),
+    "conv_grouped_dilated": _conv_case((1, 12, 17, 15), (36, 4, 3, 2), "grouped", groups=3,
+                                       dilation=(2, 1), padding=((2, 2), (1, 1))),
     "conv_winograd": _conv_case((2, 6, 13, 18), (5, 6, 3, 3), "winograd", padding=((1, 2), (0, 1))),
     "conv_winograd_panels": _conv_case((1, 16, 56, 56), (16, 16, 3, 3), "winograd",
                                        padding=((1, 1), (1, 1)), activation="relu"),
@@ -120,6 +138,11 @@ CASES = {
     "dense_gemm_silu": _dense_case(9, 300, 70, activation="silu"),
     "dense_gemm_traced_hard_sigmoid": _dense_case(20, 300, 40, transpose_w=True, traced=True,
                                                   activation="hard_sigmoid"),
+    # Channel blocks in bands whose split depends on the thread count.
+    "conv_depthwise_blocks": _conv_case((2, 20, 30, 30), (20, 1, 5, 5), "depthwise", groups=20,
+                                        padding=((2, 2), (2, 2)), activation="relu"),
+    "conv_depthwise_planes": _conv_case((1, 6, 20, 34), (6, 1, 3, 3), "depthwise", groups=6,
+                                        padding=((1, 1), (1, 1))),
     "dense_gemv": _dense_case(1, 600, 70),
     "dense_gemv_rows": _dense_case(3, 300, 40),
     "dense_gemv_nk": _dense_case(2, 600, 70, transpose_w=True),
@@ -196,6 +219,8 @@ ACCURACY_LAYERS = {
     "resnet 3x3 s2 128->256 @28": ((1, 128, 28, 28), (256, 128, 3, 3), (2, 2), ((1, 1), (1, 1)), 1),
     "mobilenet 1x1 144->24 @56": ((1, 144, 56, 56), (24, 144, 1, 1), (1, 1), ((0, 0), (0, 0)), 1),
     "mobilenet dw 3x3 144 @56": ((1, 144, 56, 56), (144, 1, 3, 3), (1, 1), ((1, 1), (1, 1)), 144),
+    "efficientnet dw 5x5 672 @14": ((1, 672, 14, 14), (672, 1, 5, 5), (1, 1), ((2, 2), (2, 2)), 672),
+    "resnext 3x3 g32 512 @14": ((1, 512, 14, 14), (512, 16, 3, 3), (1, 1), ((1, 1), (1, 1)), 32),
     "3x3 1000->1001 @14": ((1, 1000, 14, 14), (1001, 1000, 3, 3), (1, 1), ((1, 1), (1, 1)), 1),
 }
 
@@ -210,7 +235,7 @@ def measure_conv_errors() -> dict[str, dict[str, float]]:
         scale = np.abs(want).max()
         found = {"default": np.asarray(lax.conv_general_dilated(
             x, w, stride, padding, dimension_numbers=("NCHW", "OIHW", "NCHW"), feature_group_count=groups))}
-        for algorithm in ("direct", "smm", "winograd", "depthwise"):
+        for algorithm in ("direct", "smm", "winograd", "depthwise", "grouped"):
             config = dict(stride=stride, padding=padding, groups=groups)
             if kernels.conv2d_support(algorithm, x_shape=x_shape, w_shape=w_shape, dilation=(1, 1),
                                       dtype=np.float32, **config) is None:

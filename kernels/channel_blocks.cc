@@ -1,0 +1,186 @@
+// Convolution on vectors of W consecutive output channels, any groups: the
+// channel-blocked arrangement of depthwise.cc (described there) and of
+// conv_grouped.cc for groups of fewer than W output channels, whose lanes then
+// span several groups. Lane i of a block starting at output channel o0 reads,
+// for each c < C/groups, input channel c of the group of output channel o0 +
+// i, so each c has its own transposed band; the taps are summed in the order
+// c, ky, kx.
+#include <vector>
+
+#include "blocked.h"
+
+namespace jtile {
+namespace {
+
+struct Blocked {
+  ConvShape s;
+  int64_t og;           // output channels per group
+  int64_t blocks;       // blocks of W output channels
+  int b;                // output columns per register block
+  int64_t owp;          // output row length rounded up to b
+  int64_t cols;         // padded input columns in the buffer (each W floats)
+  int64_t band;         // output rows per task
+  int64_t bands;
+
+  int64_t in_rows(int64_t out_rows) const { return (out_rows - 1) * s.sh + (s.kh - 1) * s.dh + 1; }
+  int64_t chunk() const { return in_rows(band) * cols * W; }  // the band of one c
+  int64_t in_floats() const { return s.cg * chunk(); }
+  int64_t out_floats() const { return band * owp * W; }
+};
+
+// The input rows output rows [oy0, oy1) read, for output channels [o0, o0 +
+// W), as buf[(r * cols + j) * W + lane] = padded input row oy0 * sh - pt + r,
+// column j, of input channel c of the group of output channel o0 + lane.
+// Padding columns are zero already (never written); rows in the vertical
+// padding are zeroed here.
+void load_band(const Blocked& p, const float* x, int64_t o0, int64_t c, int64_t oy0, int64_t oy1,
+               float* buf) {
+  const ConvShape& s = p.s;
+  const int64_t rows = p.in_rows(oy1 - oy0), first = oy0 * s.sh - s.pt;  // input row of buffer row 0
+  const int64_t y0 = std::max<int64_t>(first, 0), y1 = std::min(first + rows, s.h);
+  for (int64_t r = 0; r < rows; ++r)
+    if (first + r < y0 || first + r >= y1)
+      for (int64_t j = 0; j < p.cols; ++j) vstore(buf + (r * p.cols + j) * W, vzero());
+  if (y0 >= y1) return;
+  const float* planes[W];
+  const int lanes = (int)std::min<int64_t>(W, s.o - o0);
+  for (int i = 0; i < lanes; ++i) planes[i] = x + ((o0 + i) / p.og * s.cg + c) * s.h * s.w;
+  const int64_t end = y1 * s.w;
+  const int64_t last_col = std::min(s.w, p.cols - s.pl);  // input columns past it are never read
+  for (int64_t q = y0 * s.w; q < end; q += W) {
+    const int count = (int)std::min<int64_t>(W, end - q);
+    V r[W];
+    for (int i = 0; i < W; ++i)
+      r[i] = i >= lanes ? vzero() : count == W ? vload(planes[i] + q) : vload_partial(planes[i] + q, count);
+    transpose(r);
+    int64_t y = q / s.w, ix = q % s.w;
+    for (int j = 0; j < count; ++j) {
+      if (ix < last_col) vstore(buf + ((y - first) * p.cols + ix + s.pl) * W, r[j]);
+      if (++ix == s.w) ix = 0, ++y;
+    }
+  }
+}
+
+// B output columns from the buffer position `in` (row oy * sh, column ox0 *
+// sw of the band of c = 0) into out (B vectors), with the bias; taps in the
+// order c, ky, kx.
+// KW > 0: a KW-wide kernel at column stride S and dilation 1, unrolled so
+// that each input vector is loaded once for every output it feeds; KW == 0:
+// any width, stride and dilation.
+template <int KW, int S, int B>
+inline void out_block(const Blocked& p, const float* in, const float* wt, V bias, float* out) {
+  const ConvShape& s = p.s;
+  V acc[B];
+  for (int b = 0; b < B; ++b) acc[b] = vzero();
+  for (int64_t cy = 0; cy < s.cg * s.kh; ++cy) {
+    const int64_t c = cy / s.kh, ky = cy % s.kh;
+    const float* row = in + c * p.chunk() + ky * s.dh * p.cols * W;
+    if constexpr (KW > 0) {
+      const float* wrow = wt + cy * KW * W;
+      V wv[KW];
+      for (int kx = 0; kx < KW; ++kx) wv[kx] = vload(wrow + kx * W);
+#pragma GCC unroll 32
+      for (int j = 0; j < (B - 1) * S + KW; ++j) {
+        const V xv = vload(row + j * W);
+#pragma GCC unroll 8
+        for (int b = 0; b < B; ++b) {
+          const int kx = j - b * S;
+          if (kx >= 0 && kx < KW) acc[b] = vfma(wv[kx], xv, acc[b]);
+        }
+      }
+    } else {
+      for (int64_t kx = 0; kx < s.kw; ++kx) {
+        const V wv = vload(wt + (cy * s.kw + kx) * W);
+        for (int b = 0; b < B; ++b) acc[b] = vfma(wv, vload(row + (b * s.sw + kx * s.dw) * W), acc[b]);
+      }
+    }
+  }
+  for (int b = 0; b < B; ++b) vstore(out + b * W, vadd(acc[b], bias));
+}
+
+template <int KW, int S, int B>
+void compute_band(const Blocked& p, const float* buf, const float* wt, V bias, int64_t rows, float* out) {
+  const int64_t row_step = p.s.sh * p.cols * W;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t ox = 0; ox < p.owp; ox += B)
+      out_block<KW, S, B>(p, buf + r * row_step + ox * p.s.sw * W, wt, bias, out + (r * p.owp + ox) * W);
+}
+
+using BandFn = void (*)(const Blocked&, const float*, const float*, V, int64_t, float*);
+
+template <int KW, int S>
+BandFn pick_b(int b) {
+  switch (b) {
+    case 4: return compute_band<KW, S, 4>;
+    case 5: return compute_band<KW, S, 5>;
+    case 6: return compute_band<KW, S, 6>;
+    case 7: return compute_band<KW, S, 7>;
+    default: return compute_band<KW, S, 8>;
+  }
+}
+
+BandFn pick(const Blocked& p) {
+  const ConvShape& s = p.s;
+  if (s.dw == 1 && s.sw <= 2) {
+    const bool s1 = s.sw == 1;
+    switch (s.kw) {
+      case 3: return s1 ? pick_b<3, 1>(p.b) : pick_b<3, 2>(p.b);
+      case 5: return s1 ? pick_b<5, 1>(p.b) : pick_b<5, 2>(p.b);
+      case 7: return s1 ? pick_b<7, 1>(p.b) : pick_b<7, 2>(p.b);
+      default: break;
+    }
+  }
+  return pick_b<0, 0>(p.b);
+}
+
+Blocked make_blocked(const ConvShape& s, int threads) {
+  Blocked p;
+  p.s = s;
+  p.og = s.og();
+  p.blocks = ceil_div(s.o, W);
+  p.b = register_block(s.ow);
+  p.owp = ceil_div(s.ow, p.b) * p.b;
+  p.cols = std::max((p.owp - 1) * s.sw + (s.kw - 1) * s.dw + 1, s.pl + s.w);
+  // Bands: enough tasks to balance the workers, and a buffer that stays in
+  // L2 (about 128 KB), but at least 4 rows a band where the plane allows
+  // (each band re-reads its kernel's overlap rows).
+  const int64_t row_bytes = s.cg * s.sh * p.cols * W * int64_t(sizeof(float));
+  const int64_t by_size = std::max<int64_t>(1, (int64_t(128) << 10) / row_bytes);
+  const int64_t by_tasks = ceil_div(s.oh * s.n * p.blocks, 4 * int64_t(threads));
+  p.band = std::clamp<int64_t>(std::min(by_size, std::max<int64_t>(by_tasks, 4)), 1, s.oh);
+  p.bands = ceil_div(s.oh, p.band);
+  return p;
+}
+
+}  // namespace
+
+void conv_channel_blocks(ffi::ThreadPool& pool, const ConvShape& s, const float* xs, const float* ws,
+                         const float* bias, const Epilogue& ep, const float* residual, float* ys) {
+  const Blocked p = make_blocked(s, workers(pool));
+  const BandFn compute = pick(p);
+  const int64_t taps = s.kh * s.kw, k = s.cg * taps;
+  // Per worker: the input band (zeroed when first taken: its padding columns
+  // are never written), the output band, the block's weights.
+  Workspace scratch(pool, 3);
+  std::vector<char> fresh(workers(pool), 1);
+  parallel_for(pool, s.n * p.blocks * p.bands, [&](int64_t task, int worker) {
+    const int64_t band = task % p.bands, block = task / p.bands % p.blocks, n = task / p.bands / p.blocks;
+    float* in = scratch.get(worker, 0, p.in_floats(), fresh[worker]);
+    float* out = scratch.get(worker, 1, p.out_floats());
+    float* wt = scratch.get(worker, 2, k * W);
+    fresh[worker] = 0;
+    const int64_t o0 = block * W, lanes = std::min<int64_t>(W, s.o - o0);
+    alignas(64) float bv[W] = {};
+    for (int64_t i = 0; i < W; ++i) {
+      if (i < lanes) bv[i] = bias[o0 + i];
+      for (int64_t t = 0; t < k; ++t) wt[t * W + i] = i < lanes ? ws[(o0 + i) * k + t] : 0.0f;
+    }
+    const int64_t oy0 = band * p.band, oy1 = std::min(s.oh, oy0 + p.band);
+    for (int64_t c = 0; c < s.cg; ++c) load_band(p, xs + n * s.c * s.h * s.w, o0, c, oy0, oy1, in + c * p.chunk());
+    compute(p, in, wt, vload(bv), oy1 - oy0, out);
+    const int64_t at = (n * s.o + o0) * s.oh * s.ow;
+    store_blocked(out, p.owp, (int)lanes, s.oh, s.ow, oy0, oy1, ep, residual ? residual + at : nullptr, ys + at);
+  });
+}
+
+}  // namespace jtile

@@ -1,0 +1,194 @@
+// Grouped convolution, channel-blocked ("grouped"): NCHW input, any groups,
+// stride, dilation and padding, bias, residual and activation fused, for
+// convs with many groups (RegNet, ResNeXt), where a GEMM per group is too
+// small to fill its register tile.
+//
+// With `span_groups` (jtile.kernels picks it for stride-1 convs whose groups
+// have at most W / 4 output channels, ResNeXt's first stage), the weights are
+// OIHW and the conv runs on vectors of W consecutive output channels spanning
+// several groups (kernels/channel_blocks.cc). Otherwise the weights are packed
+// ahead of time as [group][block of W output channels][c][ky][kx][W]
+// (jtile.kernels.pack_gemm_weight with W rows), and a task takes one block of
+// W output channels of one group (one vector's
+// lanes) and a band of output rows, copies the input rows the band needs, for
+// the group's channels, into a per-worker buffer with their zero padding, and
+// accumulates B output columns at a time in registers, each tap one weight
+// vector times B input values broadcast from the buffer. The band, held as W-channel vectors per
+// position, is then transposed into the output planes with the residual and
+// the activation (kernels/blocked.h).
+//
+// Every output sums its taps in one order (c, ky, kx) whatever the band or
+// thread split, padding included, so NaN and Inf propagate as in XLA and the
+// result does not depend on the thread count.
+#include "blocked.h"
+
+namespace jtile {
+namespace {
+
+struct Grouped {
+  ConvShape s;
+  int64_t blocks;   // blocks of W output channels per group
+  int nv;           // blocks per task (2 when a group has a multiple of 2W channels)
+  int b;            // output columns per register block
+  int64_t owp;      // output row length rounded up to b
+  int64_t cols;     // padded input columns per buffer row
+  int64_t band;     // output rows per task
+  int64_t bands;
+
+  int64_t in_rows(int64_t out_rows) const { return (out_rows - 1) * s.sh + (s.kh - 1) * s.dh + 1; }
+};
+
+Grouped make_grouped(const ConvShape& s, int threads) {
+  Grouped p;
+  p.s = s;
+  p.blocks = ceil_div(s.og(), W);
+  p.nv = s.og() % (2 * W) == 0 ? 2 : 1;
+  p.b = register_block(s.ow);
+  p.owp = ceil_div(s.ow, p.b) * p.b;
+  p.cols = std::max((p.owp - 1) * s.sw + (s.kw - 1) * s.dw + 1, s.pl + s.w);
+  // Bands: enough tasks to balance the workers, input rows that stay in L2
+  // (about 128 KB), at least 4 output rows a band where the plane allows.
+  const int64_t by_size = std::max<int64_t>(1, (int64_t(32) << 10) / (s.cg * p.cols * s.sh));
+  const int64_t by_tasks = ceil_div(s.oh * s.n * s.groups * p.blocks / p.nv, 4 * int64_t(threads));
+  p.band = std::clamp<int64_t>(std::min(by_size, std::max<int64_t>(by_tasks, 4)), 1, s.oh);
+  p.bands = ceil_div(s.oh, p.band);
+  return p;
+}
+
+// The input rows output rows [oy0, oy1) read, of the group's channels from x:
+// buf[(c * rows + r) * cols + j] = padded channel c, row oy0 * sh - pt + r,
+// column j (zero in the padding).
+void load_rows(const Grouped& p, const float* x, int64_t oy0, int64_t oy1, float* buf) {
+  const ConvShape& s = p.s;
+  const int64_t rows = p.in_rows(oy1 - oy0), first = oy0 * s.sh - s.pt;
+  for (int64_t c = 0; c < s.cg; ++c)
+    for (int64_t r = 0; r < rows; ++r) {
+      float* dst = buf + (c * rows + r) * p.cols;
+      const int64_t y = first + r;
+      if (y < 0 || y >= s.h) {
+        std::memset(dst, 0, p.cols * sizeof(float));
+        continue;
+      }
+      std::memset(dst, 0, s.pl * sizeof(float));
+      std::memcpy(dst + s.pl, x + (c * s.h + y) * s.w, s.w * sizeof(float));
+      std::memset(dst + s.pl + s.w, 0, (p.cols - s.pl - s.w) * sizeof(float));
+    }
+}
+
+// Output rows [0, rows) of the band from the buffer (`in_rows` rows a
+// channel) into out, NV blocks of W channels (block v's weights at wt + v *
+// K * W, its outputs at out + v * band * owp * W, as (r * owp + ox) * W),
+// with the bias; each broadcast input value feeds NV FMAs.
+template <int B, int NV>
+void compute_rows(const Grouped& p, const float* buf, int64_t in_rows, const float* wt, const V* bias,
+                  int64_t rows, float* out) {
+  const ConvShape& s = p.s;
+  const int64_t channel = in_rows * p.cols, k = s.cg * s.kh * s.kw, half = p.band * p.owp * W;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t ox = 0; ox < p.owp; ox += B) {
+      V acc[NV][B];
+      for (int v = 0; v < NV; ++v)
+        for (int b = 0; b < B; ++b) acc[v][b] = vzero();
+      const float* base = buf + r * s.sh * p.cols + ox * s.sw;
+      const float* w = wt;
+      for (int64_t c = 0; c < s.cg; ++c)
+        for (int64_t ky = 0; ky < s.kh; ++ky) {
+          const float* row = base + c * channel + ky * s.dh * p.cols;
+          for (int64_t kx = 0; kx < s.kw; ++kx, w += W) {
+            V wv[NV];
+            for (int v = 0; v < NV; ++v) wv[v] = vload(w + v * k * W);
+            const float* xk = row + kx * s.dw;
+#pragma GCC unroll 8
+            for (int b = 0; b < B; ++b) {
+              const V xb = vset1(xk[b * s.sw]);
+              for (int v = 0; v < NV; ++v) acc[v][b] = vfma(wv[v], xb, acc[v][b]);
+            }
+          }
+        }
+      for (int v = 0; v < NV; ++v)
+        for (int b = 0; b < B; ++b) vstore(out + v * half + (r * p.owp + ox + b) * W, vadd(acc[v][b], bias[v]));
+    }
+}
+
+using RowsFn = void (*)(const Grouped&, const float*, int64_t, const float*, const V*, int64_t, float*);
+
+template <int NV>
+RowsFn pick_b(int b) {
+  switch (b) {
+    case 4: return compute_rows<4, NV>;
+    case 5: return compute_rows<5, NV>;
+    case 6: return compute_rows<6, NV>;
+    case 7: return compute_rows<7, NV>;
+    default: return compute_rows<8, NV>;
+  }
+}
+
+ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, F32Buffer res,
+                       ffi::Span<const int64_t> attr, int64_t act, float alpha, float lo, float hi,
+                       ffi::Span<const int64_t> kernel, int64_t span_groups, F32Result y) {
+  auto xd = x.dimensions(), wd = w.dimensions();
+  if (xd.size() != 4 || attr.size() != 9 || attr[8] < 1 || kernel.size() != 3)
+    return ffi::Error::InvalidArgument(
+        "jtile grouped: expected NCHW x, 9 conv attributes (groups >= 1) and [O, KH, KW]");
+  ConvShape s;
+  Epilogue ep;
+  const int64_t weight[4] = {kernel[0], xd[1] / attr[8], kernel[1], kernel[2]};
+  if (auto e = decode_conv(x, weight, b, attr, y, act, alpha, lo, hi, &s, &ep); e.failure()) return e;
+  const int64_t taps = s.cg * s.kh * s.kw;
+  const bool narrow = span_groups != 0;  // lanes span groups: OIHW weights, kernels/channel_blocks.cc
+  const Grouped p = make_grouped(s, workers(pool));
+  const bool packed_ok = narrow ? wd.size() == 4 && wd[0] == s.o && wd[1] == s.cg && wd[2] == s.kh && wd[3] == s.kw
+                                : wd.size() == 4 && wd[0] == s.groups && wd[1] == p.blocks && wd[2] == taps && wd[3] == W;
+  if (!packed_ok)
+    return ffi::Error::InvalidArgument(
+        "jtile grouped: w must be OIHW when vectors span groups, else packed as (groups, blocks, K, W), "
+        "W the vector width");
+  const bool has_residual = res.element_count() > 0;
+  if (has_residual && res.element_count() != y->element_count())
+    return ffi::Error::InvalidArgument("jtile grouped: the residual must be empty or have the output's shape");
+  if (s.n * s.o * s.oh * s.ow == 0) return ffi::Error::Success();
+  if (narrow) {
+    conv_channel_blocks(pool, s, x.typed_data(), w.typed_data(), b.typed_data(), ep,
+                        has_residual ? res.typed_data() : nullptr, y->typed_data());
+    return ffi::Error::Success();
+  }
+  const RowsFn compute = p.nv == 2 ? pick_b<2>(p.b) : pick_b<1>(p.b);
+  const float *xs = x.typed_data(), *ws = w.typed_data(), *bias = b.typed_data();
+  const float* rs = has_residual ? res.typed_data() : nullptr;
+  float* ys = y->typed_data();
+  const int64_t plane = s.oh * s.ow, units = p.blocks / p.nv, half = p.band * p.owp * W;
+  Workspace scratch(pool, 2);  // per worker: the input rows, the output band
+  parallel_for(pool, s.n * s.groups * units * p.bands, [&](int64_t task, int worker) {
+    const int64_t band = task % p.bands, unit = task / p.bands % units;
+    const int64_t g = task / p.bands / units % s.groups, n = task / p.bands / units / s.groups;
+    const int64_t oy0 = band * p.band, oy1 = std::min(s.oh, oy0 + p.band), in_rows = p.in_rows(oy1 - oy0);
+    float* in = scratch.get(worker, 0, s.cg * p.in_rows(p.band) * p.cols);
+    float* out = scratch.get(worker, 1, p.nv * half);
+    V bv[2];
+    for (int v = 0; v < p.nv; ++v) {
+      const int64_t block = unit * p.nv + v, lanes = std::min<int64_t>(W, s.og() - block * W);
+      alignas(64) float lane_bias[W] = {};
+      for (int64_t i = 0; i < lanes; ++i) lane_bias[i] = bias[g * s.og() + block * W + i];
+      bv[v] = vload(lane_bias);
+    }
+    load_rows(p, xs + (n * s.c + g * s.cg) * s.h * s.w, oy0, oy1, in);
+    compute(p, in, in_rows, ws + (g * p.blocks + unit * p.nv) * taps * W, bv, oy1 - oy0, out);
+    for (int v = 0; v < p.nv; ++v) {
+      const int64_t block = unit * p.nv + v, o0 = g * s.og() + block * W, at = (n * s.o + o0) * plane;
+      const int lanes = (int)std::min<int64_t>(W, s.og() - block * W);
+      store_blocked(out + v * half, p.owp, lanes, s.oh, s.ow, oy0, oy1, ep, rs ? rs + at : nullptr, ys + at);
+    }
+  });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jtile
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JtileConvGrouped, jtile::ConvGrouped,
+                              JTILE_CONV_RESIDUAL_BINDING.Attr<xla::ffi::Span<const int64_t>>("kernel")
+                                  .Attr<int64_t>("span_groups")
+                                  .Ret<jtile::F32Buffer>());
+
+// The vector width W the packed weights of the channel-blocked kernels use.
+extern "C" int64_t JtileVectorLanes() { return jtile::W; }
