@@ -265,11 +265,12 @@ class _Read:
 class Plan:
     """Every tile's windows for a block.
 
-    With `reuse`, tiles run in raster order and each one computes only the
-    columns (the last grid axis) that the tiles before it in its row did not:
+    With `reuse`, tiles run in raster order and each one computes only the part
+    of a value that the tiles before it (above, and on its left) did not:
     `windows` are those fresh windows, and a value read with a halo arrives as
-    the last `cache[v]` columns kept from the previous tile followed by the
-    fresh ones, starting at `origins[v]`.
+    the `cache[v]` rows and columns (per grid axis) kept from earlier tiles in
+    front of the fresh part, starting at `origins[v]`. Values of a pointwise
+    chain wider than its narrowest value recompute their halo instead.
     """
 
     block: Block
@@ -483,8 +484,8 @@ def _at(table: np.ndarray, tile):
 def _tile_rules(plan: Plan, tile, rep: int, caches: dict) -> dict:
     """Rules that evaluate the block's ops on tile `tile` (an int, or a traced index),
     with the sizes and params of tile `rep` (a tile of the same shapes). With
-    `plan.reuse`, `caches` holds each cached value's columns kept from the previous
-    tile; the rules replace them with this tile's last columns."""
+    `plan.reuse`, `caches` holds the rows and columns kept from earlier tiles; the
+    rules put them in front of what the tile computes and update them (`_reuse`)."""
     ops = {id(op.eqn): op for op in plan.block.ops}
     static = isinstance(tile, int)
 
@@ -796,7 +797,8 @@ def tile_spatial(
         (`(n,)` tiles only the last one). Uneven grids are allowed.
     - `until`: end the block after this layer: a layer name (a named scope, or its
         prefix, such as `"features.6"`), or a predicate on `jtile.Layer`.
-    - `mode`: `"loop"` (uniform tiles in a `fori_loop`) or `"unroll"` (one subgraph per tile).
+    - `mode`: `"loop"` (tiles in `fori_loop`s, reusing earlier tiles' overlap) or
+        `"unroll"` (one subgraph per tile, each recomputing its overlap).
     - `mesh`: a `jax.sharding.Mesh`; with `mode="loop"`, the tiles are spread over its devices.
 
     **Returns:** a function with `fn`'s signature and outputs.
