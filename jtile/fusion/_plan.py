@@ -7,11 +7,13 @@ the uses of every value from `jtile.Graph` (the inlined jaxpr, so that
 marks an equation *absorbed* when, at every place its jaxpr is used, its one
 output has exactly one consumer and that consumer accepts a chain at that
 operand (or its consumers are a group the recipe accepts together: the
-branches of an activation, as the three uses of `y` in a leaky relu), and
-the output is neither a result of the function nor an operand of control
-flow. Accepting depends only on the
-consumers' own operand shapes and on which operands are scalar literals, so
-it is decided once per equation.
+branches of an activation, as the three uses of `y` in a leaky relu, whose
+ops up to the one where they meet are absorbed with it), and the output is
+neither a result of the function nor an operand of control flow. Accepting
+depends only on the consumers' own operand shapes and on which operands are
+scalar literals, so it is decided once per equation. Where branches meet
+before their final join, the op is held back (`Deferred`) without asking the
+recipe, so that only the whole activation is recognised.
 
 While evaluating (`eval_jaxpr` with a rule per primitive involved), an absorbed
 equation binds nothing and hands its consumer a `Pending` chain; the consumer
