@@ -143,7 +143,7 @@ def _epilogue_attrs(activation: str | None, alpha: float, beta: float, clip: Seq
     )
 
 
-def activation_tuple(activation: str | None, alpha: float = 0.0, beta: float = 0.0,
+def _activation_tuple(activation: str | None, alpha: float = 0.0, beta: float = 0.0,
                      clip: Sequence[float] = (0.0, 6.0)) -> tuple:
     """A named activation and its parameters as a `jtile._fused` activation tuple."""
     _check_activation("activation", activation)
@@ -163,7 +163,7 @@ def activation_reference(y: jax.Array, activation: str | None, alpha: float = 0.
     """The jnp meaning of a fused activation: None, relu, relu6, clip(lo, hi),
     leaky_relu(alpha), sigmoid, silu, hard_sigmoid / hard_swish (`clip(alpha * y
     + beta, 0, 1)`, times y for hard_swish), gelu (erf), gelu_tanh."""
-    return activate(y, activation_tuple(activation, alpha, beta, clip))
+    return activate(y, _activation_tuple(activation, alpha, beta, clip))
 
 
 # ------------------------------------------------------------------ loading

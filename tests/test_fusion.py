@@ -183,6 +183,9 @@ _SIXTH = float(np.float32(1 / 6))
         (lambda y: jnp.minimum(jnp.maximum(y + 2.0, 0.0), 4.0) * 0.25, ("hard_sigmoid", 0.25, 0.0)),
         (lambda y: jax.nn.gelu(y, approximate=False), ("gelu",)),
         (lambda y: y * (lax.erf(y / np.float32(np.sqrt(2))) + 1.0) * 0.5, ("gelu",)),  # torch's export
+        (lambda y: jax.nn.gelu(y, approximate=True), ("gelu_tanh",)),
+        (lambda y: y * (1.0 + jnp.tanh((y + y * y * y * np.float32(0.044715)) * np.float32(np.sqrt(2 / np.pi))))
+         * 0.5, ("gelu_tanh",)),  # torch's export
     ],
 )
 @pytest.mark.parametrize("op", ["conv", "dense"])
@@ -215,6 +218,7 @@ def test_smooth_and_hard_activations_fuse(op, act, expected, tree_allclose):
         lambda y: y * (lax.erf(y / 2.0) + 1.0) * 0.5,  # erf of the wrong scale
         lambda y: jax.nn.relu(y) + jax.nn.sigmoid(y),
         lambda y: y * (lax.erf(y / np.float32(np.sqrt(2))) + 1.0),  # twice GELU
+        lambda y: 0.5 * y * (1.0 + jnp.tanh(0.8 * (y + 0.044715 * y**3))),  # tanh GELU's constant off
     ],
 )
 def test_activations_not_recognised_keep_one_conv_and_the_result(act, conv_params, tree_allclose):
@@ -435,6 +439,10 @@ def _onnx_const(name, value):
         ([("Gelu", ["y"], ["out"])], 20, "gelu"),
         ([("Div", ["y", "sqrt2"], ["d"]), ("Erf", ["d"], ["e"]), ("Add", ["e", "one"], ["a"]),
           ("Mul", ["y", "a"], ["m"]), ("Mul", ["m", "half"], ["out"])], 17, "gelu"),  # torch's GELU at opset 17
+        ([("Mul", ["y", "y"], ["y2"]), ("Mul", ["y2", "y"], ["y3"]), ("Mul", ["y3", "c3"], ["t"]),
+          ("Add", ["y", "t"], ["u"]), ("Mul", ["u", "k"], ["v"]), ("Tanh", ["v"], ["th"]),
+          ("Add", ["th", "one"], ["a"]), ("Mul", ["y", "a"], ["m"]), ("Mul", ["m", "half"], ["out"])], 17,
+         "gelu_tanh"),  # torch's GELU(approximate="tanh") at opset 17
     ],
 )
 def test_onnx_imported_activations_fuse_and_match_onnxruntime(nodes, opset, expected, tree_allclose):
@@ -443,7 +451,8 @@ def test_onnx_imported_activations_fuse_and_match_onnxruntime(nodes, opset, expe
 
     import jtile.onnx
 
-    consts = [_onnx_const("sqrt2", np.sqrt(2)), _onnx_const("one", 1.0), _onnx_const("half", 0.5)]
+    consts = [_onnx_const("sqrt2", np.sqrt(2)), _onnx_const("one", 1.0), _onnx_const("half", 0.5),
+              _onnx_const("c3", 0.044715), _onnx_const("k", np.sqrt(2 / np.pi))]
     proto = _onnx_conv_then([*consts, *(helper.make_node(op, i, o) for op, i, o in nodes)], opset)
     model = jtile.onnx.load(proto)
     x = _normal(1, 3, 6, 6, seed=3)

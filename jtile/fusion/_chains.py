@@ -27,7 +27,8 @@ output axis (for a conv, the feature axis). Activations recognised:
   `jnp.where`); SiLU, `y * sigmoid(y)`; hard swish, `y * hard_sigmoid(y)`
   (ONNX HardSwish, `jax.nn.hard_swish`); GELU, `y * Phi(y)` written with
   `erf` or `erfc` and scalar literals (`jax.nn.gelu`, ONNX Gelu, torch's
-  opset-17 export `y * (1 + erf(y / sqrt 2)) * 0.5`).
+  opset-17 export `y * (1 + erf(y / sqrt 2)) * 0.5`) and its tanh
+  approximation (`jax.nn.gelu(approximate=True)`, torch's `tanh` export).
 
 A value with several uses is a *shared* chain: each op on a branch is held
 back (`Deferred`) until the branches meet, and if they form no activation the
@@ -35,8 +36,9 @@ value is still computed once.
 
 !!! warning
 
-    GELU's tanh approximation is a kernel epilogue (`("gelu_tanh",)`) but is
-    not recognised here: its `tanh` composition stays in XLA after the fused op.
+    Only the exact forms named are recognised (GELU's tanh approximation with
+    its constants 0.044715 and sqrt(2 / pi)); anything else stays in XLA after
+    the fused op, with `y` computed once.
 """
 
 import dataclasses
@@ -204,11 +206,14 @@ def _clip_step(activation: tuple, name: str, pos: int, consts: tuple) -> tuple |
 _BRANCH_OPS = 8  # most ops on one branch of an activation (ONNX HardSwish has 4, leaky relu 1)
 
 
-def _branches_meet(users: list, consts: dict, all_users: dict) -> bool:
-    """The uses of a chain `y` are the branches of one activation: each runs
-    through ops whose other operands are scalar literals (each result used
-    once), and all end in one join, a `mul` or `select_n` (`y * sigmoid(y)`,
-    `y * clip(y / 6 + 0.5, 0, 1)`, `where(y >= 0, y, alpha * y)`)."""
+def _branches_meet(users: list, consts: dict, all_users: dict, names: frozenset) -> frozenset:
+    """The ids of the ops on the branches before they meet, if the uses of a
+    chain `y` are the branches of one activation: each runs through ops among
+    `names` (each result used once; where an op's other operand is neither a
+    scalar literal nor derived from `y`, the activation is not recognised and
+    the chain ends there), and all end in one join, a `mul` or `select_n` (`y *
+    sigmoid(y)`, `y * clip(y / 6 + 0.5, 0, 1)`, `where(y >= 0, y, alpha *
+    y)`); else an empty set."""
     paths = []
     for eqn, _, outs in users:
         path = [eqn]
@@ -219,9 +224,11 @@ def _branches_meet(users: list, consts: dict, all_users: dict) -> bool:
     ids = [[id(e) for e in path] for path in paths]
     join = next((e for e in paths[0] if all(id(e) in i for i in ids)), None)
     if join is None or join.primitive.name not in ("mul", "select_n"):
-        return False
-    return all(sum(c is None for c in consts[id(e)]) == 1
-               for path, i in zip(paths, ids) for e in path[: i.index(id(join))])
+        return frozenset()
+    before = [e for path, i in zip(paths, ids) for e in path[: i.index(id(join))]]
+    if all(e.primitive.name in names and None in consts[id(e)] for e in before):
+        return frozenset(id(e) for e in before)
+    return frozenset()
 
 
 def _unwind(state):
@@ -308,7 +315,8 @@ def _swish(states: dict):
     return None if gate is None else dataclasses.replace(y, shared=False, activation=("hard_swish", *gate))
 
 
-_SQRT_HALF = math.sqrt(0.5)
+_SQRT_HALF, _TANH_K1 = math.sqrt(0.5), math.sqrt(2 / math.pi)
+_TANH_K3 = 0.044715 * _TANH_K1
 
 
 def _near(a: float, b: float) -> bool:
@@ -317,9 +325,12 @@ def _near(a: float, b: float) -> bool:
 
 def _gelu_form(state, root):
     """What `state` computes from the shared chain `root`, as far as GELU needs:
-    `("lin", a, b)` for `a y + b`, `("erf", s)` for `erf(s y)`, `("phi", k)`
-    for `k Phi(y)` (Phi the normal CDF, `(1 + erf(y / sqrt 2)) / 2`) and
-    `("gelu", k)` for `k y Phi(y)`; None for anything else."""
+    `("lin", a, b)` for `a y + b`, `("square", k)` for `k y^2`, `("poly", k1,
+    k3)` for `k1 y + k3 y^3`,
+    `("erf", s)` for `erf(s y)`, `("tanh",)` for GELU's `tanh(sqrt(2 / pi) (y
+    + 0.044715 y^3))`, `("phi", k)` / `("phi_tanh", k)` for `k` times the
+    normal CDF Phi(y) / its tanh approximation, and `("gelu", k)` /
+    `("gelu_tanh", k)` for `k y` times those; None for anything else."""
     if state is root:
         return ("lin", 1.0, 0.0)
     if not isinstance(state, Deferred):
@@ -330,37 +341,63 @@ def _gelu_form(state, root):
         if form is None:
             return None
         args.append(form)
+    if state.eqn.primitive.name == "integer_pow":
+        args.append(("lin", 0.0, float(state.eqn.params["y"])))
     return _combine(state.eqn.primitive.name, args)
+
+
+def _odd(form) -> tuple | None:
+    """`(k1, k3)` if `form` is `k1 y + k3 y^3`."""
+    if form[0] == "lin" and form[2] == 0.0:
+        return form[1], 0.0
+    return form[1:] if form[0] == "poly" else None
 
 
 def _scaled(form, c: float):
     kind, *v = form
-    return ("lin", v[0] * c, v[1] * c) if kind == "lin" else None if kind == "erf" else (kind, v[0] * c)
+    if kind in ("lin", "poly"):
+        return (kind, v[0] * c, v[1] * c)
+    return (kind, v[0] * c) if kind in ("square", "phi", "phi_tanh", "gelu", "gelu_tanh") else None
 
 
 def _combine(name: str, args: list):
     """`_gelu_form` of `name` applied to operands of the forms `args`."""
-    lin = [a for a in args if a[0] == "lin"]
-    const = [a[2] for a in lin if a[1] == 0.0]
+    const = [a[2] for a in args if a[0] == "lin" and a[1] == 0.0]
+    others = [a for a in args if not (a[0] == "lin" and a[1] == 0.0)]
     if name == "neg":
         return _scaled(args[0], -1.0)
-    if name in ("erf", "erfc") and args[0][0] == "lin" and args[0][2] == 0.0:
-        s = args[0][1]
-        if name == "erf":
-            return ("erf", s)
-        return ("phi", 2.0) if _near(s, -_SQRT_HALF) else None  # erfc(-y / sqrt 2) = 2 Phi(y)
+    if name in ("erf", "erfc", "tanh") and _odd(args[0]) is not None:
+        k1, k3 = _odd(args[0])
+        if name == "erf" and k3 == 0.0:
+            return ("erf", k1)
+        if name == "erfc":  # erfc(-y / sqrt 2) = 2 Phi(y)
+            return ("phi", 2.0) if k3 == 0.0 and _near(k1, -_SQRT_HALF) else None
+        return ("tanh",) if _near(k1, _TANH_K1) and _near(k3, _TANH_K3) else None
+    if name in ("pow", "integer_pow") and const == [3.0] and len(others) == 1 and others[0][0] == "lin":
+        return ("poly", 0.0, others[0][1] ** 3) if others[0][2] == 0.0 else None
     if name == "div" and args[1][0] == "lin" and args[1][1] == 0.0 and args[1][2] != 0.0:
         return _scaled(args[0], 1.0 / args[1][2])
-    if name == "mul" and const:
-        return _scaled(args[1] if args[0][0] == "lin" and args[0][1] == 0.0 else args[0], const[0])
-    if name == "mul" and len(lin) == 1 and lin[0][2] == 0.0:  # a y * k Phi(y)
-        (other,) = [a for a in args if a is not lin[0]]
-        return ("gelu", lin[0][1] * other[1]) if other[0] == "phi" else None
-    if name == "add" and len(lin) == 2:
-        return ("lin", lin[0][1] + lin[1][1], lin[0][2] + lin[1][2])
-    if name == "add" and const == [1.0] and len(lin) == 1:  # 1 + erf(y / sqrt 2) = 2 Phi(y)
-        (other,) = [a for a in args if a is not lin[0]]
-        return ("phi", 2.0) if other[0] == "erf" and _near(other[1], _SQRT_HALF) else None
+    if name == "mul" and const and len(args) == 2:
+        return _scaled(others[0], const[0]) if others else ("lin", 0.0, const[0] * const[1])
+    if name == "mul" and len(others) == 2:  # a y * b y, k y^2 * a y, a y * k Phi(y)
+        ys = [o for o in others if o[0] == "lin" and o[2] == 0.0]
+        squares = [o for o in others if o[0] == "square"]
+        cdfs = [o for o in others if o[0] in ("phi", "phi_tanh")]
+        if len(ys) == 2:
+            return ("square", ys[0][1] * ys[1][1])
+        if len(ys) == 1 and squares:
+            return ("poly", 0.0, ys[0][1] * squares[0][1])
+        if len(ys) == 1 and cdfs:
+            return ("gelu" if cdfs[0][0] == "phi" else "gelu_tanh", ys[0][1] * cdfs[0][1])
+        return None
+    if name == "add" and len(others) == 2 and None not in map(_odd, others):
+        (a1, a3), (b1, b3) = map(_odd, others)
+        return ("poly", a1 + b1, a3 + b3)
+    if name == "add" and const == [1.0] and len(others) == 1:  # 1 + erf(y / sqrt 2) = 2 Phi(y)
+        (other,) = others
+        if other[0] == "erf" and _near(other[1], _SQRT_HALF):
+            return ("phi", 2.0)
+        return ("phi_tanh", 2.0) if other[0] == "tanh" else None
     return None
 
 
@@ -378,16 +415,16 @@ def _gelu(deferred):
     if not (isinstance(root, _Chain) and root.shared and not root.activation):
         return None
     form = _gelu_form(deferred, root)
-    if form is None or form[0] != "gelu" or not _near(form[1], 1.0):
+    if form is None or form[0] not in ("gelu", "gelu_tanh") or not _near(form[1], 1.0):
         return None
-    return dataclasses.replace(root, shared=False, activation=("gelu",))
+    return dataclasses.replace(root, shared=False, activation=(form[0],))
 
 
 class BiasAct(ChainRecipe):
     """conv_bias_act / dense: `op -> add(bias) -> activation`, one fused op."""
 
-    continues = frozenset({"add", "max", "min", "clamp", "ge", "mul", "div", "select_n", "logistic", "neg", "erf",
-                           "erfc"})
+    _branch_only = frozenset({"ge", "mul", "div", "neg", "erf", "erfc", "tanh", "pow", "integer_pow"})
+    continues = _branch_only | {"add", "max", "min", "clamp", "select_n", "logistic"}
 
     def __init__(self, start: str):
         self.starts = frozenset({start})
@@ -402,14 +439,16 @@ class BiasAct(ChainRecipe):
             return consts[1 - pos] is not None and floating
         if name == "select_n":  # the two halves of a leaky relu
             return pos in (0, 1) and len(eqn.invars) == 3
-        if name in ("logistic", "mul", "neg", "erf", "erfc"):  # a sigmoid, a scale, a swish's join, GELU's parts
+        if name in ("logistic", "mul", "neg", "erf", "erfc", "tanh", "integer_pow"):  # sigmoid, scales, joins, GELU
             return floating
+        if name == "pow":
+            return pos == 0 and consts[1] is not None and floating
         if name == "div":
             return pos == 0 and consts[1] is not None and floating
         return name == "clamp" and pos == 1 and None not in (consts[0], consts[2])
 
     def accepts_users(self, users, consts, all_users):
-        return _branches_meet(users, consts, all_users)
+        return _branches_meet(users, consts, all_users, self.continues)
 
     def start(self, eqn, invals):
         return _Chain(eqn, tuple(invals), activation=())
@@ -433,7 +472,7 @@ class BiasAct(ChainRecipe):
         if len(states) != 1:
             return None
         ((pos, chain),) = states.items()
-        if isinstance(chain, Deferred) or chain.shared or name in ("ge", "mul", "div", "neg", "erf", "erfc"):
+        if isinstance(chain, Deferred) or chain.shared or name in self._branch_only:
             # an op on one branch of an activation: held back until the branches meet
             if name not in self.continues - {"select_n"} or None in consts[:pos] + consts[pos + 1:]:
                 return None

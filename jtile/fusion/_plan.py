@@ -7,11 +7,13 @@ the uses of every value from `jtile.Graph` (the inlined jaxpr, so that
 marks an equation *absorbed* when, at every place its jaxpr is used, its one
 output has exactly one consumer and that consumer accepts a chain at that
 operand (or its consumers are a group the recipe accepts together: the
-branches of an activation, as the three uses of `y` in a leaky relu), and
-the output is neither a result of the function nor an operand of control
-flow. Accepting depends only on the
-consumers' own operand shapes and on which operands are scalar literals, so
-it is decided once per equation.
+branches of an activation, as the three uses of `y` in a leaky relu, whose
+ops up to the one where they meet are absorbed with it), and the output is
+neither a result of the function nor an operand of control flow. Accepting
+depends only on the consumers' own operand shapes and on which operands are
+scalar literals, so it is decided once per equation. Where branches meet
+before their final join, the op is held back (`Deferred`) without asking the
+recipe, so that only the whole activation is recognised.
 
 While evaluating (`eval_jaxpr` with a rule per primitive involved), an absorbed
 equation binds nothing and hands its consumer a `Pending` chain; the consumer
@@ -80,12 +82,14 @@ class _Uses:
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """`absorbed`: ids of equations that return a `Pending`; `branched`: those
-    among them whose result has several uses (accepted together); `consts`: per
+    among them whose result has several uses (accepted together);
+    `on_branches`: the ops on those uses' branches before they meet; `consts`: per
     equation id, the scalar literal value of each operand (`None` where it is
     not one), or `None` when call sites disagree."""
 
     absorbed: frozenset
     branched: frozenset
+    on_branches: frozenset
     consts: dict
     primitives: frozenset
 
@@ -101,20 +105,23 @@ def make_plan(closed: jcore.ClosedJaxpr, recipe: "ChainRecipe") -> Plan:
             consts[id(eqn)] = None
     absorbed: dict = {}
     branched: set = set()
+    on_branches: set = set()  # ops between a branch point and the join: absorbed whatever their (one) consumer
     for eqn, _, outs in walk.occurrences:
         users = walk.users[outs[0]] if len(outs) == 1 and outs[0] not in walk.escaped else []
         if any(consts[id(user)] is None for user, _, _ in users):
             ok = False
         elif len(users) == 1:
             user, pos, _ = users[0]
-            ok = recipe.accepts(user, pos, consts[id(user)])
+            ok = id(eqn) in on_branches or recipe.accepts(user, pos, consts[id(user)])
         else:
-            ok = bool(users) and recipe.accepts_users(users, consts, walk.users)
+            branches = recipe.accepts_users(users, consts, walk.users) if users else ()
+            ok = bool(branches)
             branched.add(id(eqn))
+            on_branches.update(branches)
         absorbed[id(eqn)] = absorbed.get(id(eqn), True) and ok
     names = frozenset(eqn.primitive.name for eqn, _, _ in walk.occurrences)
     kept = frozenset(i for i, a in absorbed.items() if a)
-    return Plan(kept, kept & branched, consts, names)
+    return Plan(kept, kept & branched, frozenset(on_branches), consts, names)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,9 +157,11 @@ class ChainRecipe:
         """Whether `eqn`, the only consumer of a chain, continues it at operand `pos`."""
         raise NotImplementedError
 
-    def accepts_users(self, users: list, consts: dict, all_users: dict) -> bool:
-        """Whether several consumers `(eqn, pos, out_keys)` continue a chain together."""
-        return False
+    def accepts_users(self, users: list, consts: dict, all_users: dict) -> frozenset:
+        """Whether several consumers `(eqn, pos, out_keys)` continue a chain
+        together: the ids of the ops on those branches before they meet (all
+        absorbed), empty if they do not."""
+        return frozenset()
 
     def start(self, eqn, invals):
         raise NotImplementedError
@@ -190,7 +199,10 @@ def _chain_rule(recipe: ChainRecipe, plan: Plan, eqn, *invals):
     branch = recipe.branch if id(eqn) in plan.branched else lambda state: state
     if pending:
         states = {i: x.state for i, x in pending.items()}
-        state = recipe.step(states, eqn, invals, plan.consts.get(id(eqn)))
+        if len(pending) > 1 and id(eqn) in plan.on_branches:  # branches meet before their join: wait for it
+            state = Deferred(eqn, tuple(invals), plan.consts.get(id(eqn)))
+        else:
+            state = recipe.step(states, eqn, invals, plan.consts.get(id(eqn)))
         if state is not None:
             new = dataclasses.replace(next(iter(pending.values())), state=branch(state))
             return new if absorbed else finish_pending(recipe, new)
