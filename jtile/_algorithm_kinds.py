@@ -27,7 +27,7 @@ from ._errors import ConfigError
 from ._fused import activate
 from ._geometry import ConvGeometry, PoolGeometry
 from ._graph import Graph
-from ._interpreter import eager_if_known
+from ._interpreter import on_host, to_device
 from ._layers import Layer, dense_weight_axis, scope_name
 from ._regions import pool_axes
 
@@ -114,8 +114,9 @@ def _with_epilogue(eqn, kernel, operands, out_axis: int):
     out_shape = eqn.outvars[0].aval.shape
     channels = out_shape[out_axis]
     if bias.ndim == 0 or (bias.ndim == len(out_shape) and _per_channel(bias, out_axis, channels)):
-        with eager_if_known(bias):
-            b = jnp.broadcast_to(bias.reshape(-1), (channels,))
+        flat = on_host(bias).reshape(-1)
+        b = to_device(np.broadcast_to(flat, (channels,)) if isinstance(flat, np.ndarray)
+                      else jnp.broadcast_to(flat, (channels,)))
         epilogue = _ACTIVATIONS[activation[:1]](*activation[1:])
         return kernel(b, dict(epilogue, residual=residual[0]) if residual else epilogue)
     y = kernel(None, {}) + bias

@@ -73,7 +73,7 @@ from jax import lax
 
 from . import _registry
 from ._errors import ConfigError, KernelsUnavailableWarning, UnsupportedError
-from ._interpreter import eager_if_known, is_known, shared
+from ._interpreter import eager_if_known, is_known, on_host, shared, to_device
 from ._regions import SlidingWindow
 
 Pair = tuple[int, int]
@@ -520,24 +520,17 @@ def smm_pixel_rows(spec: ConvSpec) -> bool:
     return windowed and pixels <= 256 and fill(channels, nr) >= fill(pixels, nr)
 
 
-def _on_host(w):
-    """A known `w` as a numpy array (rearranging it there compiles nothing), a traced one as is."""
-    return np.asarray(w) if is_known(w) else w
-
-
 def pack_gemm_weight(w: jax.Array, groups: int, rows: int) -> jax.Array:
     """OIHW `w` as the GEMM's packed operand `(groups, strips, K, rows)`: per
     group, `rows` output channels a strip, K = I * KH * KW deep, zero-padded.
-
-    A known `w` is packed in numpy: in jnp every shape's pad, reshape and
-    transpose is an XLA compilation (2 s of ResNet-50's first `swap_backend`)."""
-    w = _on_host(w)
+    A known `w` is packed in numpy (`on_host`), a traced one in jnp."""
+    w = on_host(w)
     xp = np if isinstance(w, np.ndarray) else jnp
     o = w.shape[0]
     per_group = w.reshape(groups, o // groups, -1)
     strips = -(-(o // groups) // rows)
     padded = xp.pad(per_group, ((0, 0), (0, strips * rows - o // groups), (0, 0)))
-    return jnp.asarray(padded.reshape(groups, strips, rows, -1).transpose(0, 1, 3, 2))
+    return to_device(padded.reshape(groups, strips, rows, -1).transpose(0, 1, 3, 2))
 
 
 def _smm_prepare(spec: ConvSpec, w: jax.Array) -> tuple[jax.Array, dict]:
@@ -648,7 +641,7 @@ def dense(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
     out = jax.ShapeDtypeStruct((m, n), jnp.float32)
     b = jnp.zeros(n, jnp.float32) if b is None else b
     with eager_if_known(w):
-        weight = shared(pack_gemm_weight(w if transpose_w else _on_host(w).T, 1, gemm_tile()[1]) if packed else w)
+        weight = shared(pack_gemm_weight(w if transpose_w else on_host(w).T, 1, gemm_tile()[1]) if packed else w)
 
     def kernel(x, w, b, weight):
         return _call("jtile_dense", out, x, weight, b, vmap_method="sequential", **attrs)
