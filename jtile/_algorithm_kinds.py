@@ -268,11 +268,13 @@ def _before_transpose(producers, var, x, contract, batch):
 
 
 def _auto_matmul(eqn, layer: Layer, producers) -> str:
-    """XLA: on the products measured, the kernel never won. ViT-B/16's
+    """XLA: on the products measured the kernel did not reliably win. ViT-B/16's
     attention at batch 1 (12 heads, in the model's own head-split layout),
-    interleaved best-of-60 on 2 cores: `Q @ K^T` (197x64 by 64x197) 0.54
-    against XLA's 0.43 ms, `P @ V` (197x197 by 197x64) 0.47 against 0.31 ms.
-    The kernel stays available by name (`"gemm"`)."""
+    interleaved best-of-60 on 2 shared cores, several runs: `Q @ K^T` (197x64
+    by 64x197) 0.51-0.54 against XLA's 0.39-0.43 ms; `P @ V` (197x197 by
+    197x64) 0.21-0.47 against 0.25-0.33 ms (the kernel won only in some runs).
+    Larger products (2 x 512^3) went to the kernel's side (1.9 against 2.5 ms),
+    but no model here has them. The kernel stays available by name (`"gemm"`)."""
     return "default"
 
 
