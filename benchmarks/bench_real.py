@@ -1,7 +1,9 @@
 """Real models: torchvision CNNs nobody tuned jtile for, against ONNX Runtime, OpenVINO and PyTorch.
 
 Every case is a torchvision module at batch 1 (224x224): the torchvision models
-are built with `weights=None` after `torch.manual_seed(0)`; the zoo models
+are built with `weights=None` after `torch.manual_seed(0)` (ViT-B/16's
+zero-initialised classifier then gets normal weights, so its output checks
+something); the zoo models
 (`jtile.models`) are torchvision's module with the zoo's weights loaded through
 `jtile.models.state_dict`. The module is exported once per session by
 `torch.onnx.export(opset_version=17, dynamo=False)` into a temporary directory.
@@ -129,6 +131,9 @@ class RealCase:
             return SegmentationOutput().eval()
         extra = {"aux_logits": False, "init_weights": False} if self.model == "googlenet" else {}
         net = getattr(torchvision.models, self.model)(weights=None, **extra).eval()
+        if self.model.startswith("vit_"):
+            # torchvision zero-initialises ViT's classifier: every output would be 0 and check nothing.
+            torch.nn.init.normal_(net.heads.head.weight, std=0.02)
         if self.zoo:
             weights = models.state_dict(self.zoo_model)
             net.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in weights.items()})
@@ -153,7 +158,8 @@ class RealCase:
 
 
 TORCHVISION = ("resnet50", "mobilenet_v3_large", "efficientnet_b0", "squeezenet1_1",
-               "densenet121", "shufflenet_v2_x1_0", "deeplabv3_mobilenet_v3_large", "regnet_y_400mf")
+               "densenet121", "shufflenet_v2_x1_0", "deeplabv3_mobilenet_v3_large", "regnet_y_400mf",
+               "vit_b_16")
 ZOO = ("resnet18", "mobilenet_v2", "googlenet", "alexnet")
 CASES = tuple(RealCase(m) for m in TORCHVISION) + tuple(RealCase(m, zoo=True) for m in ZOO)
 

@@ -27,7 +27,7 @@ from ._errors import ConfigError
 from ._fused import activate
 from ._geometry import ConvGeometry, PoolGeometry
 from ._graph import Graph
-from ._interpreter import eager_if_known
+from ._interpreter import on_host, to_device
 from ._layers import Layer, dense_weight_axis, scope_name
 from ._regions import pool_axes
 
@@ -140,8 +140,9 @@ def _with_epilogue(eqn, kernel, operands, out_axis: int):
     out_shape = eqn.outvars[0].aval.shape
     channels = out_shape[out_axis]
     if bias.ndim == 0 or (bias.ndim == len(out_shape) and _per_channel(bias, out_axis, channels)):
-        with eager_if_known(bias):
-            b = jnp.broadcast_to(bias.reshape(-1), (channels,))
+        flat = on_host(bias).reshape(-1)
+        b = to_device(np.broadcast_to(flat, (channels,)) if isinstance(flat, np.ndarray)
+                      else jnp.broadcast_to(flat, (channels,)))
         epilogue = _ACTIVATIONS[activation[:1]](*activation[1:])
         return kernel(b, dict(epilogue, residual=residual[0]) if residual else epilogue)
     y = kernel(None, {}) + bias
@@ -264,8 +265,60 @@ def _auto_dense(eqn, layer: Layer, producers) -> str:
 # with a folded weight it runs the GEMM on the weight packed at trace time (8
 # rows: 6.3 against 14.2 ms; 64 rows: 19 against 27 ms). At 8 rows VGG-16's
 # classifier took 2.1 s a batch under XLA with traced weights against 0.52 s
-# with the kernel. Larger products are left to XLA.
+# with the kernel. Larger products are left to XLA: at ViT-B/16's 197 tokens
+# (folded weights, 768->2304, 768->768 as x @ W.T, 768->3072, 3072->768) the
+# kernel was within noise of XLA (best-of-60 ratios 1.02-1.08, medians
+# 0.98-1.16), and the whole model ran at the same speed with every dense layer
+# on the kernel as with XLA (170 ms both, best of 15).
 _GEMM_MAX_ROWS = 64
+
+
+# ---------------------------------------------------------------- matmul
+
+
+def _matmul_support(eqn, layer: Layer) -> str | None:
+    preferred = eqn.params.get("preferred_element_type")
+    if preferred is not None and np.dtype(preferred) != _F32:
+        return f"preferred_element_type {preferred} is not float32"
+    if 0 in (*layer.in_shapes[0], *layer.in_shapes[1]):
+        return f"the product of {layer.in_shapes[0]} and {layer.in_shapes[1]} is empty"
+    return _dtype_reason(eqn) or _kernels().kernel_unavailable("jtile_matmul")
+
+
+def _matmul_run(eqn, a, c, *, producers):
+    (a_contract, c_contract), (a_batch, c_batch) = eqn.params["dimension_numbers"]
+    (a, a_contract, a_batch), (c, c_contract, c_batch) = (
+        _before_transpose(producers, var, x, contract, batch)
+        for var, x, contract, batch in ((eqn.invars[0], a, a_contract, a_batch), (eqn.invars[1], c, c_contract, c_batch))
+    )
+    return _kernels().matmul(a, c, ((a_contract, c_contract), (a_batch, c_batch)))
+
+
+def _before_transpose(producers, var, x, contract, batch):
+    """`(x, contract, batch)`, or, through the transposes that made `x`, their
+    first operand with the axes renamed, as long as the free axes keep their
+    order (the kernel then reads that operand in place; XLA cancels the
+    transposes)."""
+    eqn = producers.get(var) if isinstance(var, jcore.Var) else None
+    if eqn is None or eqn.primitive.name != "transpose":
+        return x, contract, batch
+    perm = eqn.params["permutation"]
+    free = [perm[ax] for ax in range(len(perm)) if ax not in (*contract, *batch)]
+    if free != sorted(free):
+        return x, contract, batch
+    return _before_transpose(producers, eqn.invars[0], jnp.transpose(x, np.argsort(perm)),
+                             tuple(perm[ax] for ax in contract), tuple(perm[ax] for ax in batch))
+
+
+def _auto_matmul(eqn, layer: Layer, producers) -> str:
+    """XLA: on the products measured the kernel did not reliably win. ViT-B/16's
+    attention at batch 1 (12 heads, in the model's own head-split layout),
+    interleaved best-of-60 on 2 shared cores, several runs: `Q @ K^T` (197x64
+    by 64x197) 0.51-0.54 against XLA's 0.39-0.43 ms; `P @ V` (197x197 by
+    197x64) 0.21-0.47 against 0.25-0.33 ms (the kernel won only in some runs);
+    larger products too: 2 x 512^3 2.6-2.7 against 2.1-2.3 ms, 12 x 256^3 level
+    (2.2 ms both). The kernel stays available by name (`"gemm"`)."""
+    return "default"
 
 
 # ---------------------------------------------------------------- pooling
@@ -344,6 +397,7 @@ ALGORITHMS = (
     *(("conv2d", name, _CONV_SUPPORT[name], _conv_run(name)) for name in CONV_ALGORITHMS),
     ("conv2d", "dense", _single_pixel_support, _single_pixel_run),
     ("dense", "gemm", _dense_support, _dense_run),
+    ("matmul", "gemm", _matmul_support, _matmul_run),
     *((f"{kind}pool2d", "direct", _pool_support(f"{kind}_pool2d"), _pool_run(f"{kind}_pool2d"))
       for kind in ("max", "avg")),
 )
@@ -351,6 +405,7 @@ ALGORITHMS = (
 AUTO = {
     "conv2d": _auto_conv,
     "dense": _auto_dense,
+    "matmul": _auto_matmul,
     "maxpool2d": _auto_pool("max_pool2d"),
     "avgpool2d": _auto_pool("avg_pool2d"),
 }

@@ -188,6 +188,19 @@ def eager_if_known(*values):
     return jax.ensure_compile_time_eval() if all(map(is_known, values)) else contextlib.nullcontext()
 
 
+def on_host(x):
+    """A known `x` as a numpy array, a traced one as is: numpy rearranges weights
+    without compiling anything, where each shape's jnp op is an XLA compilation
+    (2 s of ResNet-50's first `swap_backend`)."""
+    return np.asarray(x) if is_known(x) else x
+
+
+def to_device(x):
+    """A numpy array made from `on_host` values as a jax array (`jnp.asarray`
+    would compile a copy per shape); anything else as is."""
+    return jax.device_put(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x
+
+
 _SHARED: "weakref.WeakValueDictionary[tuple, jax.Array]" = weakref.WeakValueDictionary()
 
 
@@ -202,7 +215,7 @@ def shared(x):
     if not isinstance(x, jax.Array) or not is_known(x) or x.nbytes < 1024:
         return x
     data = np.asarray(x)
-    key = (data.shape, data.dtype.str, hashlib.blake2b(data.tobytes(), digest_size=16).digest())
+    key = (data.shape, data.dtype.str, hashlib.blake2b(np.ascontiguousarray(data), digest_size=16).digest())
     return _SHARED.setdefault(key, x)
 
 

@@ -243,8 +243,11 @@ def swap_backend(
     - `fn`: the function to transform. Omit it to use `swap_backend` as a
         decorator, `@swap_backend(algorithms=...)`.
     - `algorithms` (keyword-only): `{layer kind: selector}` for the kinds
-        `layer_kinds()` lists (`"conv2d"`, `"dense"`, `"maxpool2d"`,
-        `"avgpool2d"`); kinds left out keep XLA. A single name (`"auto"`,
+        `layer_kinds()` lists (`"conv2d"`, `"dense"`, `"matmul"`,
+        `"maxpool2d"`, `"avgpool2d"`); kinds left out keep XLA. `"dense"` is
+        a product with a 2-D weight contracted against the last axis of x
+        (any leading axes are rows); `"matmul"` is every other `dot_general`,
+        such as attention's batched `Q @ K^T` and `P @ V`. A single name (`"auto"`,
         `"default"`) applies to every kind; the default is `"auto"`.
 
     **Returns:** a function with `fn`'s signature and outputs.

@@ -17,7 +17,10 @@ cast, or leave that layer to XLA), works under `jax.jit`, and differentiates
 through its jnp reference (`jax.custom_vjp`), so `jax.grad` gives the
 reference's gradients. Layouts: NCHW activations, OIHW conv weights
 `(O, I/groups, KH, KW)`, dense weights `(K, N)` for `x @ w`, or `(N, K)` with
-`transpose_w=True`. Threads come from XLA's intra-op pool.
+`transpose_w=True`; `matmul` takes any `dot_general` of two float32 arrays
+and reads each operand in place when its batch, free and contracting axes are
+contiguous runs (a head split or transpose feeding attention's products is
+not copied). Threads come from XLA's intra-op pool.
 
 Numerics, measured against a float64 reference (unit-normal inputs, weights
 scaled by 1/sqrt(fan-in); error = max |y - y64| / max |y64|;
@@ -71,7 +74,7 @@ of released blocks are kept for reuse (kernels/common.h).
 !!! warning
 
     Forward-mode differentiation (`jax.jvp`) is not supported, and `jax.vmap`
-    over `conv2d` or `dense` runs the kernel once per batch element.
+    over `conv2d`, `dense` or `matmul` runs the kernel once per batch element.
 """
 
 import ctypes
@@ -92,7 +95,7 @@ from jax import lax
 from . import _registry
 from ._errors import ConfigError, KernelsUnavailableWarning, UnsupportedError
 from ._fused import activate
-from ._interpreter import eager_if_known, is_known, shared
+from ._interpreter import eager_if_known, is_known, on_host, shared, to_device
 from ._regions import SlidingWindow
 
 Pair = tuple[int, int]
@@ -110,6 +113,7 @@ _TARGETS: dict[str, str] = {
     "jtile_conv_direct": "JtileConvDirect",
     "jtile_conv_smm": "JtileConvSmm",
     "jtile_dense": "JtileDense",
+    "jtile_matmul": "JtileMatmul",
     "jtile_max_pool2d": "JtileMaxPool2d",
     "jtile_avg_pool2d": "JtileAvgPool2d",
     "jtile_global_avg_pool2d": "JtileGlobalAvgPool2d",
@@ -555,12 +559,15 @@ def smm_pixel_rows(spec: ConvSpec) -> bool:
 
 def pack_gemm_weight(w: jax.Array, groups: int, rows: int) -> jax.Array:
     """OIHW `w` as the GEMM's packed operand `(groups, strips, K, rows)`: per
-    group, `rows` output channels a strip, K = I * KH * KW deep, zero-padded."""
+    group, `rows` output channels a strip, K = I * KH * KW deep, zero-padded.
+    A known `w` is packed in numpy (`on_host`), a traced one in jnp."""
+    w = on_host(w)
+    xp = np if isinstance(w, np.ndarray) else jnp
     o = w.shape[0]
     per_group = w.reshape(groups, o // groups, -1)
     strips = -(-(o // groups) // rows)
-    padded = jnp.pad(per_group, ((0, 0), (0, strips * rows - o // groups), (0, 0)))
-    return padded.reshape(groups, strips, rows, -1).transpose(0, 1, 3, 2)
+    padded = xp.pad(per_group, ((0, 0), (0, strips * rows - o // groups), (0, 0)))
+    return to_device(padded.reshape(groups, strips, rows, -1).transpose(0, 1, 3, 2))
 
 
 def _smm_prepare(spec: ConvSpec, w: jax.Array) -> tuple[jax.Array, dict]:
@@ -700,7 +707,7 @@ def dense(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
     out = jax.ShapeDtypeStruct((m, n), jnp.float32)
     b = jnp.zeros(n, jnp.float32) if b is None else b
     with eager_if_known(w):
-        weight = shared(pack_gemm_weight(w if transpose_w else w.T, 1, gemm_tile()[1]) if packed else w)
+        weight = shared(pack_gemm_weight(w if transpose_w else on_host(w).T, 1, gemm_tile()[1]) if packed else w)
 
     def kernel(x, w, b, weight):
         return _call("jtile_dense", out, x, weight, b, vmap_method="sequential", **attrs)
@@ -710,6 +717,88 @@ def dense(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
                                transpose_w=transpose_w)
 
     return _with_reference_vjp(kernel, reference, derived=1)(x, w, b, weight)
+
+
+# ------------------------------------------------------------------- matmul
+
+DimensionNumbers = tuple[tuple[Sequence[int], Sequence[int]], tuple[Sequence[int], Sequence[int]]]
+
+
+def matmul_reference(a: jax.Array, c: jax.Array, dimension_numbers: DimensionNumbers) -> jax.Array:
+    """`lax.dot_general(a, c, dimension_numbers)` at full float32 precision."""
+    return lax.dot_general(a, c, dimension_numbers, precision=lax.Precision.HIGHEST)
+
+
+def _merged_stride(shape, strides, axes) -> int | None:
+    """The stride of `axes` read as one axis (in their order), 0 if they hold one
+    element, None if they are not one contiguous run in memory."""
+    kept = [ax for ax in axes if shape[ax] != 1]
+    for outer, inner in zip(kept, kept[1:]):
+        if strides[outer] != strides[inner] * shape[inner]:
+            return None
+    return strides[kept[-1]] if kept else 0
+
+
+def _matmul_view(shape, batch, rows, contract) -> tuple[int, int, int] | None:
+    """`(batch, row, k)` strides of a row-major array of `shape` read as
+    `(B, rows, K)` with those axis groups in place, or None if the groups are
+    not contiguous runs or neither rows nor K has stride 1."""
+    strides = [math.prod(shape[ax + 1:]) for ax in range(len(shape))]
+    sb, sr, sk = (_merged_stride(shape, strides, axes) for axes in (batch, rows, contract))
+    if None in (sb, sr, sk):
+        return None
+    if sk == 0 or sr == 0:  # one row or one k: that group's stride is free
+        sk, sr = (1, sr) if sk == 0 else (sk, 1)
+    return (sb, sr, sk) if 1 in (sr, sk) else None
+
+
+def _matmul_operand(x: jax.Array, batch, contract) -> tuple[jax.Array, tuple[int, int, int]]:
+    """`x` and its `(batch, row, k)` strides, copied to (B, rows, K) order only
+    when its own layout cannot be read in place."""
+    shape = jnp.shape(x)
+    rows = [ax for ax in range(len(shape)) if ax not in (*batch, *contract)]
+    view = _matmul_view(shape, batch, rows, contract)
+    if view is not None:
+        return x, view
+    groups = [math.prod(shape[ax] for ax in axes) for axes in (batch, rows, contract)]
+    x = jnp.transpose(x, (*batch, *rows, *contract)).reshape(groups)
+    return x, (groups[1] * groups[2], groups[2], 1)
+
+
+def matmul(a: jax.Array, c: jax.Array, dimension_numbers: DimensionNumbers) -> jax.Array:
+    """`lax.dot_general(a, c, dimension_numbers)` by the C GEMM, for float32
+    activations times activations (attention's `Q @ K^T`, `P @ V`).
+
+    Each batch element is one GEMM. An operand is read in place (a head split
+    or a transpose feeding the product costs no copy) when its batch, free and
+    contracting axes each form one contiguous run in memory, with its free or
+    its contracting axes innermost; otherwise it is copied to (batch, free,
+    contracting) order first.
+    """
+    _require_float32("matmul", a=a, c=c)
+    dn = tuple(tuple(tuple(int(ax) for ax in axes) for axes in pair) for pair in dimension_numbers)
+    (a_contract, c_contract), (a_batch, c_batch) = dn
+    try:
+        out = jax.eval_shape(lambda a, c: matmul_reference(a, c, dn), a, c)
+    except TypeError as error:
+        raise ConfigError(f"matmul: a {jnp.shape(a)} and c {jnp.shape(c)} do not match the dimension "
+                          f"numbers {dn}: {error}") from None
+    a_shape, c_shape = jnp.shape(a), jnp.shape(c)
+    dims = [math.prod(a_shape[ax] for ax in a_batch),
+            *(math.prod(n for ax, n in enumerate(shape) if ax not in (*batch, *contract))
+              for shape, batch, contract in ((a_shape, a_batch, a_contract), (c_shape, c_batch, c_contract))),
+            math.prod(a_shape[ax] for ax in a_contract)]
+    if min(dims) == 0:
+        raise ConfigError(f"matmul: the product of {a_shape} and {c_shape} is empty (dims [B, M, N, K] = {dims})")
+    flat = jax.ShapeDtypeStruct((dims[0] * dims[1] * dims[2],), jnp.float32)
+
+    def kernel(a, c):
+        (a, a_strides), (c, c_strides) = _matmul_operand(a, a_batch, a_contract), _matmul_operand(c, c_batch, c_contract)
+        attrs = {name: np.array(v, np.int64) for name, v in
+                 (("dims", dims), ("a_strides", a_strides), ("c_strides", c_strides))}
+        return _call("jtile_matmul", flat, a, c, vmap_method="sequential", **attrs).reshape(out.shape)
+
+    return _with_reference_vjp(kernel, lambda a, c: matmul_reference(a, c, dn))(a, c)
 
 
 # ------------------------------------------------------------------ pooling
@@ -803,6 +892,9 @@ def global_avg_pool2d(x: jax.Array) -> jax.Array:
 
 _registry.register("ffi_call:jtile_dense", describe=_describe_dense_call, macs=_call_macs,
                    weights=(1, 2), activations=(0,))
+_registry.register("ffi_call:jtile_matmul", describe=lambda eqn: _layer(eqn, "matmul"),
+                   macs=lambda eqn: Counter({"dense": math.prod(int(d) for d in _attribute(eqn, "dims"))}),
+                   activations=(0, 1))
 for _kind in ("max", "avg", "global"):
     _name = "jtile_global_avg_pool2d" if _kind == "global" else f"jtile_{_kind}_pool2d"
     _registry.register(f"ffi_call:{_name}", describe=_describe_pool_call(_kind), macs=_call_macs,
@@ -816,6 +908,7 @@ __all__ = [
     "kernel_unavailable", "warn_if_unavailable", "ConvSpec", "ConvAlgorithm",
     "register_conv_algorithm", "conv2d_reference", "conv2d_support", "conv2d", "gemm_tile",
     "smm_pixel_rows", "pack_gemm_weight", "vector_lanes", "dense_reference", "GEMV_ROWS", "dense",
+    "matmul_reference", "matmul",
     "max_pool2d_reference", "avg_pool2d_reference", "global_avg_pool2d_reference", "max_pool2d",
     "avg_pool2d", "global_avg_pool2d", "LIBRARY_PATH"
 ]

@@ -9,6 +9,11 @@
 // For (N, K): each output is a dot product of a contiguous row of w with x,
 // four rows at a time. Packed w (`packed`, as jtile.kernels.pack_gemm_weight
 // lays it out): the GEMM of gemm.h.
+//
+// Matmul: batched products of two activations (attention's Q K^T and P V),
+// y[b] = a[b] @ c[b], each operand a strided view of its buffer (so a head
+// split or a transpose feeding the product need not be copied), every batch
+// element one GEMM of gemm.h (gemm_batched: whole elements per worker).
 #include "gemm.h"
 
 namespace jtile {
@@ -131,6 +136,47 @@ ffi::Error Dense(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, in
   return ffi::Error::Success();
 }
 
+// One operand of a batched product as `rows` x K views of its buffer: element
+// (batch, row, p) at batch * strides[0] + row * strides[1] + p * strides[2].
+// Either rows or K must be contiguous (stride 1): the view is then Rows or
+// Columns of gemm.h.
+struct View {
+  const float* data;
+  int64_t batch_stride, row_stride, k_stride;
+
+  bool valid(int64_t batch, int64_t rows, int64_t k, int64_t count) const {
+    if (batch_stride < 0 || row_stride < 0 || k_stride < 0 || (row_stride != 1 && k_stride != 1)) return false;
+    const int64_t last = (batch - 1) * batch_stride + (rows - 1) * row_stride + (k - 1) * k_stride;
+    return last < count;
+  }
+};
+
+ffi::Error Matmul(ffi::ThreadPool pool, F32Buffer a, F32Buffer c, ffi::Span<const int64_t> dims,
+                  ffi::Span<const int64_t> a_strides, ffi::Span<const int64_t> c_strides, F32Result y) {
+  if (dims.size() != 4 || a_strides.size() != 3 || c_strides.size() != 3)
+    return ffi::Error::InvalidArgument("jtile matmul: expected dims [B, M, N, K] and 3 strides per operand");
+  const int64_t batch = dims[0], m = dims[1], n = dims[2], k = dims[3];
+  const View av{a.typed_data(), a_strides[0], a_strides[1], a_strides[2]};
+  const View cv{c.typed_data(), c_strides[0], c_strides[1], c_strides[2]};
+  if (std::min({batch, m, n, k}) < 1 || (int64_t)y->element_count() != batch * m * n ||
+      !av.valid(batch, m, k, (int64_t)a.element_count()) || !cv.valid(batch, n, k, (int64_t)c.element_count()))
+    return ffi::Error::InvalidArgument(
+        "jtile matmul: dims [B, M, N, K] must be positive, y must hold B*M*N floats, and each operand "
+        "view must lie inside its buffer with its rows or its K axis contiguous");
+  float* ys = y->typed_data();
+  gemm_batched(pool, batch, m, n, k, [&](int64_t i, const GemmCompute& compute) {
+    auto operand = [&](const View& v, auto&& use) {
+      const float* p = v.data + i * v.batch_stride;
+      if (v.k_stride == 1) use(Rows(p, v.row_stride));
+      else use(Columns(p, v.k_stride));
+    };
+    operand(av, [&](const Operand& lhs) {
+      operand(cv, [&](const Operand& rhs) { compute(lhs, rhs, GemmOutput{ys + i * m * n, n, nullptr, nullptr, Epilogue{}}); });
+    });
+  });
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace jtile
 
@@ -143,4 +189,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JtileDense, jtile::Dense,
                                   .JTILE_EPILOGUE_ATTRS
                                   .Attr<int64_t>("transpose_w")
                                   .Attr<int64_t>("packed")
+                                  .Ret<jtile::F32Buffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JtileMatmul, jtile::Matmul,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::ThreadPool>()
+                                  .Arg<jtile::F32Buffer>()
+                                  .Arg<jtile::F32Buffer>()
+                                  .Attr<xla::ffi::Span<const int64_t>>("dims")
+                                  .Attr<xla::ffi::Span<const int64_t>>("a_strides")
+                                  .Attr<xla::ffi::Span<const int64_t>>("c_strides")
                                   .Ret<jtile::F32Buffer>());

@@ -153,24 +153,54 @@ void Prepacked::pack(int64_t k0, int64_t kc, int64_t i0, int64_t count, int, flo
     std::memcpy(dst, p + (i0 + s) / r * k * r + k0 * r, kc * r * sizeof(float));
 }
 
-void gemm(ffi::ThreadPool& pool, int64_t m, int64_t n, int64_t k, const Operand& a,
-          const Operand& b, const GemmOutput& out, bool serial) {
+namespace {
+
+// Where one GEMM's loops run and its scratch lives: spread over the pool
+// (`run` is parallel_for), or inline on one worker of an enclosing
+// parallel_for (a batched GEMM's element). Scratch slots per worker: B strips,
+// transposed C block, packed A (shared by all workers of the GEMM).
+struct Runner {
+  virtual ~Runner() = default;
+  virtual int64_t workers() const = 0;
+  virtual void run(int64_t n, const std::function<void(int64_t, int)>& fn) = 0;
+  virtual float* scratch(int worker, int slot, int64_t count) = 0;
+  virtual float* shared_scratch(int slot, int64_t count) = 0;
+};
+
+struct PoolRunner final : Runner {
+  ffi::ThreadPool& pool;
+  Workspace ws;
+  explicit PoolRunner(ffi::ThreadPool& pool) : pool(pool), ws(pool, 3) {}
+  int64_t workers() const override { return std::max<int64_t>(1, pool.num_threads()); }
+  void run(int64_t n, const std::function<void(int64_t, int)>& fn) override { parallel_for(pool, n, fn); }
+  float* scratch(int worker, int slot, int64_t count) override { return ws.get(worker, slot, count); }
+  float* shared_scratch(int slot, int64_t count) override { return ws.get(0, slot, count); }
+};
+
+struct InlineRunner final : Runner {
+  Workspace& ws;
+  int worker;
+  InlineRunner(Workspace& ws, int worker) : ws(ws), worker(worker) {}
+  int64_t workers() const override { return 1; }
+  void run(int64_t n, const std::function<void(int64_t, int)>& fn) override {
+    for (int64_t i = 0; i < n; ++i) fn(i, worker);
+  }
+  float* scratch(int, int slot, int64_t count) override { return ws.get(worker, slot, count); }
+  float* shared_scratch(int slot, int64_t count) override { return ws.get(worker, slot, count); }
+};
+
+void gemm_on(Runner& runner, int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b,
+             const GemmOutput& out) {
   if (m <= 0 || n <= 0) return;
-  // Serial: every task on the calling thread, as worker 0 of its own workspace.
-  auto for_each = [&](int64_t count, auto&& fn) {
-    if (!serial) return parallel_for(pool, count, fn);
-    for (int64_t i = 0; i < count; ++i) fn(i, 0);
-  };
   const int64_t strips_m = ceil_div(m, MR), strips_n = ceil_div(n, NR);
   const int64_t kblocks = std::max<int64_t>(1, ceil_div(k, KC));
   // A strip s of K block starting at k0 (kc deep).
-  Workspace scratch(pool, 3);  // per worker: B strips, transposed C block; worker 0: packed A
   int64_t a_stride = 0;
   float* a_buffer = nullptr;
   const bool a_packed = a.packed(0, 0, &a_stride) != nullptr;
   if (!a_packed) {
-    a_buffer = scratch.get(0, 2, strips_m * MR * k);
-    for_each(strips_m, [&](int64_t s, int) {
+    a_buffer = runner.shared_scratch(2, strips_m * MR * k);
+    runner.run(strips_m, [&](int64_t s, int) {
       for (int64_t k0 = 0; k0 < k; k0 += KC) {
         const int64_t kc = std::min(KC, k - k0);
         a.pack(k0, kc, s * MR, std::min<int64_t>(MR, m - s * MR), MR,
@@ -185,9 +215,8 @@ void gemm(ffi::ThreadPool& pool, int64_t m, int64_t n, int64_t k, const Operand&
   };
 
   int64_t unused;
-  const Grid grid = plan_grid(strips_m, strips_n, serial ? 1 : std::max<int64_t>(1, pool.num_threads()),
-                              b.packed(0, 0, &unused) != nullptr);
-  for_each(grid.m_chunks * grid.n_blocks, [&](int64_t task, int worker) {
+  const Grid grid = plan_grid(strips_m, strips_n, runner.workers(), b.packed(0, 0, &unused) != nullptr);
+  runner.run(grid.m_chunks * grid.n_blocks, [&](int64_t task, int worker) {
     const int64_t s0 = task % grid.m_chunks * grid.m_strips;
     const int64_t s1 = std::min(strips_m, s0 + grid.m_strips);
     const int64_t n0 = task / grid.m_chunks * grid.n_strips * NR;
@@ -195,14 +224,14 @@ void gemm(ffi::ThreadPool& pool, int64_t m, int64_t n, int64_t k, const Operand&
     const int64_t nc_strips = ceil_div(nc, NR);
     // Transposed output: accumulate here, rows (s - s0) * MR, columns j.
     const int64_t ldb = nc_strips * NR;
-    float* cbuf = out.transposed() ? scratch.get(worker, 1, (s1 - s0) * MR * ldb) : nullptr;
+    float* cbuf = out.transposed() ? runner.scratch(worker, 1, (s1 - s0) * MR * ldb) : nullptr;
     float* bbuf = nullptr;
     for (int64_t kb = 0; kb < kblocks; ++kb) {
       const int64_t k0 = kb * KC, kc = std::min(KC, k - k0);
       int64_t b_stride = kc * NR;
       const float* bp = b.packed(k0, n0, &b_stride);
       if (bp == nullptr) {
-        if (bbuf == nullptr) bbuf = scratch.get(worker, 0, KC * ldb);
+        if (bbuf == nullptr) bbuf = runner.scratch(worker, 0, KC * ldb);
         b.pack(k0, kc, n0, nc, NR, bbuf);
         bp = bbuf;
       }
@@ -227,6 +256,33 @@ void gemm(ffi::ThreadPool& pool, int64_t m, int64_t n, int64_t k, const Operand&
     }
     if (out.transposed())
       write_transposed(cbuf, ldb, s0 * MR, std::min(m, s1 * MR) - s0 * MR, n0, nc, out);
+  });
+}
+
+}  // namespace
+
+void gemm(ffi::ThreadPool& pool, int64_t m, int64_t n, int64_t k, const Operand& a,
+          const Operand& b, const GemmOutput& out, bool serial) {
+  if (!serial) {
+    PoolRunner runner(pool);
+    return gemm_on(runner, m, n, k, a, b, out);
+  }
+  Workspace ws(pool, 3);  // serial: every task on the calling thread, as worker 0 of its own workspace
+  InlineRunner one(ws, 0);
+  gemm_on(one, m, n, k, a, b, out);
+}
+
+void gemm_batched(ffi::ThreadPool& pool, int64_t batch, int64_t m, int64_t n, int64_t k,
+                  const GemmElement& element) {
+  PoolRunner runner(pool);
+  if (batch < runner.workers()) {
+    for (int64_t i = 0; i < batch; ++i)
+      element(i, [&](const Operand& a, const Operand& b, const GemmOutput& out) { gemm_on(runner, m, n, k, a, b, out); });
+    return;
+  }
+  parallel_for(pool, batch, [&](int64_t i, int worker) {
+    InlineRunner one(runner.ws, worker);
+    element(i, [&](const Operand& a, const Operand& b, const GemmOutput& out) { gemm_on(one, m, n, k, a, b, out); });
   });
 }
 

@@ -5,6 +5,8 @@
 // once ahead of time). C is row-major, or stored transposed.
 #pragma once
 
+#include <functional>
+
 #include "common.h"
 
 namespace jtile {
@@ -78,5 +80,15 @@ struct GemmOutput {
 // many small GEMMs itself); the result is the same bits either way.
 void gemm(ffi::ThreadPool& pool, int64_t m, int64_t n, int64_t k, const Operand& a,
           const Operand& b, const GemmOutput& out, bool serial = false);
+
+// `batch` independent GEMMs of one shape: `element(i, compute)` calls
+// `compute(a, b, out)` with element i's operands and output. With at least as
+// many elements as workers, each element runs whole on one worker (one
+// parallel_for for the batch, not two per element); otherwise one after
+// another, each spread over the pool. The bits do not depend on the choice.
+using GemmCompute = std::function<void(const Operand&, const Operand&, const GemmOutput&)>;
+using GemmElement = std::function<void(int64_t, const GemmCompute&)>;
+void gemm_batched(ffi::ThreadPool& pool, int64_t batch, int64_t m, int64_t n, int64_t k,
+                  const GemmElement& element);
 
 }  // namespace jtile

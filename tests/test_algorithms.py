@@ -3,6 +3,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jax import lax
 
 import jtile
@@ -114,8 +116,8 @@ def test_unknown_names_list_the_valid_ones(convnet):
         swap_conv2d(_convnet, selector=lambda layer: "bogus")(params, x)
     with pytest.raises(jtile.ConfigError, match="unknown keyword.*algorithm"):
         swap_backend(_convnet, algorithm="direct")
-    assert set(layer_kinds()) == {"conv2d", "dense", "maxpool2d", "avgpool2d"}
-    assert algorithm_names("dense") == ("default", "auto", "measured", "gemm")
+    assert set(layer_kinds()) == {"conv2d", "dense", "matmul", "maxpool2d", "avgpool2d"}
+    assert algorithm_names("dense") == algorithm_names("matmul") == ("default", "auto", "measured", "gemm")
 
 
 def test_auto_swaps_where_a_kernel_wins_and_keeps_xla_elsewhere(getkey, tree_allclose):
@@ -224,7 +226,7 @@ def test_dense_weight_layouts_and_batched_rows(getkey, tree_allclose):
         assert _ffi_calls(swapped, x, weight) == 1
         assert tree_allclose(swapped(x, weight), f(x, weight), rtol=RTOL, atol=ATOL)
     batched = swap_backend(lambda a, b: jnp.einsum("bij,bjk->bik", a, b), algorithms={"dense": "gemm"})
-    assert _ffi_calls(batched, x, x.transpose(0, 2, 1)) == 0
+    assert _ffi_calls(batched, x, x.transpose(0, 2, 1)) == 0  # a matmul, not a dense layer
 
 
 def test_sum_pool_without_the_divide_is_not_an_avg_pool(getkey, tree_allclose):
@@ -392,3 +394,142 @@ def test_dense_conv_algorithm_explains_the_layers_it_cannot_run(convnet):
     params, x = convnet
     with pytest.raises(jtile.UnsupportedError, match=r"'dense'.*conv2d #0 'stem'.*\(3, 3\) window over \(16, 16\)"):
         swap_conv2d(_convnet, selector="dense")(params, x)
+
+
+# ---------------------------------------------------------------- attention
+
+HEADS, WIDTH = 4, 8
+
+
+def _attention(p, x):
+    """A transformer block's attention as torch exports it: x (tokens, 1, dim)
+    projected to q, k, v (3-D activations times 2-D weights), heads split by
+    reshape and transpose, batched Q @ K^T and P @ V, heads merged, projected."""
+    tokens, _, dim = x.shape
+    with jax.named_scope("qkv"):
+        q, k, v = jnp.split(x @ p["w_qkv"] + p["b_qkv"], 3, axis=-1)
+
+    def heads(t):
+        return t.reshape(tokens, HEADS, WIDTH).transpose(1, 0, 2)
+
+    with jax.named_scope("scores"):
+        scores = heads(q) @ heads(k).transpose(0, 2, 1) / np.sqrt(WIDTH)
+    with jax.named_scope("mix"):
+        mixed = jax.nn.softmax(scores, axis=-1) @ heads(v)
+    with jax.named_scope("out"):
+        return mixed.transpose(1, 0, 2).reshape(tokens, 1, dim) @ p["w_out"].T
+
+
+@pytest.fixture
+def attention(getkey):
+    dim = HEADS * WIDTH
+    params = {"w_qkv": jax.random.normal(getkey(), (dim, 3 * dim)) / np.sqrt(dim),
+              "b_qkv": jax.random.normal(getkey(), (3 * dim,)),
+              "w_out": jax.random.normal(getkey(), (dim, dim)) / np.sqrt(dim)}
+    return params, jax.random.normal(getkey(), (13, 1, dim))
+
+
+def _targets(fn, *args) -> list[str]:
+    return [e.params["target_name"] for e in _iter_eqns(jax.make_jaxpr(fn)(*args).jaxpr) if e.primitive.name == "ffi_call"]
+
+
+def _iter_eqns(jaxpr):
+    from jtile._interpreter import iter_eqns
+
+    return iter_eqns(jaxpr)
+
+
+def test_attention_block_runs_on_the_kernels(attention, tree_allclose):
+    params, x = attention
+    swapped = swap_backend(_attention, algorithms={"dense": "gemm", "matmul": "gemm"})
+    assert sorted(_targets(swapped, params, x)) == ["jtile_dense"] * 2 + ["jtile_matmul"] * 2
+    assert tree_allclose(jax.jit(swapped)(params, x), _attention(params, x), rtol=RTOL, atol=ATOL)
+    # The head split's transposes are seen through: the kernel reads q and k in
+    # their (tokens, heads, width) layout, heads WIDTH floats apart.
+    calls = [e for e in _iter_eqns(jax.make_jaxpr(swapped)(params, x).jaxpr)
+             if e.primitive.name == "ffi_call" and e.params["target_name"] == "jtile_matmul"]
+    strides = dict(calls[0].params["attributes"])
+    assert [list(np.asarray(strides[n].val)) for n in ("a_strides", "c_strides")] == [[WIDTH, HEADS * WIDTH, 1]] * 2
+
+
+def test_attention_gradients_through_the_kernels(attention, tree_allclose):
+    params, x = attention
+    swapped = swap_backend(_attention, algorithms={"dense": "gemm", "matmul": "gemm"})
+
+    def loss(fn):
+        return lambda p, x: jnp.sum(jnp.tanh(fn(p, x)))
+
+    got = jax.grad(loss(swapped), argnums=(0, 1))(params, x)
+    assert tree_allclose(got, jax.grad(loss(_attention), argnums=(0, 1))(params, x), rtol=1e-3, atol=1e-4)
+
+
+def test_auto_keeps_xla_for_matmuls_and_long_dense_inputs(attention, getkey):
+    params, x = attention
+    assert _targets(swap_backend(_attention, algorithms="auto"), params, x) == ["jtile_dense"] * 2
+    long = jax.random.normal(getkey(), (1, 65, HEADS * WIDTH))  # 65 rows: past the GEMM row limit
+    assert _targets(swap_backend(_attention, algorithms="auto"), params, long.transpose(1, 0, 2)) == []
+
+
+def test_explicit_matmul_on_an_unsupported_product_names_the_layer(getkey):
+    a = jax.random.randint(getkey(), (3, 4, 5), 0, 9)
+
+    def scores(a):
+        with jax.named_scope("scores"):
+            return a @ a.transpose(0, 2, 1)
+
+    assert _targets(swap_backend(scores, algorithms="auto"), a) == []
+    with pytest.raises(jtile.UnsupportedError, match=r"'gemm' cannot compute matmul #0 'scores'.*float32"):
+        swap_backend(scores, algorithms={"matmul": "gemm"})(a)
+    with pytest.raises(jtile.UnsupportedError, match=r"matmul #0 'scores'.*preferred_element_type"):
+        swap_backend(_preferred_f16, algorithms={"matmul": "gemm"})(a.astype(jnp.float32))
+
+
+def _preferred_f16(a):
+    with jax.named_scope("scores"):
+        return lax.dot_general(a, a, (((2,), (2,)), ((0,), (0,))), preferred_element_type=jnp.float16)
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_matmul_swap_matches_dot_general_on_transposed_operands(data):
+    """Random batch, contracting and free axes, each operand made by a random
+    transpose (seen through when the free axes keep their order)."""
+    batch = data.draw(st.lists(st.integers(1, 4), max_size=2))
+    k = data.draw(st.integers(1, 30))
+    m, n = data.draw(st.integers(1, 11)), data.draw(st.integers(1, 11))
+    logical = [(*batch, m, k), (*batch, k, n)]
+    perms = [data.draw(st.permutations(range(len(shape)))) for shape in logical]
+    nb = len(batch)
+    dn = (((nb + 1,), (nb,)), (tuple(range(nb)), tuple(range(nb))))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    stored = [rng.standard_normal([shape[i] for i in np.argsort(p)]).astype(np.float32)
+              for shape, p in zip(logical, perms)]
+
+    def product(a, c):
+        return lax.dot_general(a.transpose(perms[0]), c.transpose(perms[1]), dn)
+
+    swapped = swap_backend(product, algorithms={"dense": "gemm", "matmul": "gemm"})
+    # x @ w with a 2-D w contracted last is a dense layer, every other form a matmul
+    dense = not batch
+    assert _targets(swapped, *stored) == ["jtile_dense" if dense else "jtile_matmul"]
+    np.testing.assert_allclose(jax.jit(swapped)(*stored), product(*stored), rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=20, deadline=None)
+@given(lead=st.lists(st.integers(1, 7), max_size=3), k=st.integers(1, 70), n=st.integers(1, 40),
+       torch_layout=st.booleans(), folded=st.booleans(), seed=st.integers(0, 2**16))
+def test_dense_swap_matches_on_activations_of_any_rank(lead, k, n, torch_layout, folded, seed):
+    """x (..., K) times a 2-D weight: the leading axes are the GEMM's rows."""
+    from jtile.fusion import fold_params
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((*lead, k)).astype(np.float32)
+    w = rng.standard_normal((n, k) if torch_layout else (k, n)).astype(np.float32)
+
+    def layer(w, x):
+        return x @ (w.T if torch_layout else w)
+
+    swapped = swap_backend(fold_params(layer, w) if folded else layer, algorithms={"dense": "gemm"})
+    args = (x,) if folded else (w, x)
+    assert _targets(swapped, *args) == ["jtile_dense"]
+    np.testing.assert_allclose(jax.jit(swapped)(*args), layer(w, x), rtol=1e-4, atol=1e-4)

@@ -330,6 +330,34 @@ def test_fold_constants_and_drop_identity(tree_allclose):
     assert _same(fusion.fuse(model), model, x, tree_allclose=tree_allclose)
 
 
+def test_folded_data_movement_keeps_every_bit(getkey, monkeypatch):
+    """Reshape, broadcast, transpose and squeeze of known arrays (folded in
+    numpy) give the bits XLA gives, weak-typed scalars included."""
+    from jtile.fusion import _simplify
+
+    on_host, moved_in_numpy = _simplify._on_host, set()
+
+    def spy(eqn, invals):
+        out = on_host(eqn, invals)
+        if out is not None:
+            moved_in_numpy.add(eqn.primitive.name)
+        return out
+
+    monkeypatch.setattr(_simplify, "_on_host", spy)
+    w = jax.random.normal(getkey(), (3, 1, 5))
+
+    def model(w, x):
+        spread = lax.broadcast_in_dim(w[:, 0], (3, 4, 5), (0, 2))  # squeeze, then a middle axis
+        moved = jnp.transpose(spread, (2, 0, 1)).reshape(5, 12)
+        return x @ moved + lax.broadcast_in_dim(2.0, (12,), ())
+
+    x = jax.random.normal(getkey(), (2, 5))
+    folded = fusion.fold_constants(lambda x: model(w, x))
+    assert set(_ops(folded, x)) == {"dot_general", "add"}
+    assert moved_in_numpy == {"squeeze", "broadcast_in_dim", "transpose", "reshape"}
+    assert np.array_equal(np.asarray(jax.jit(folded)(x)), np.asarray(jax.jit(model)(w, x)))
+
+
 def test_zoo_layers_conv_bn_relu6_fuse(getkey, tree_allclose):
     """A MobileNetV2 stem and depthwise conv built from the zoo's layers."""
     block = (

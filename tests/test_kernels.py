@@ -210,6 +210,82 @@ def test_dense_large_blocks_match_reference(m, traced, transpose_w):
     np.testing.assert_allclose(got, kernels.dense_reference(x, w, **kw), rtol=1e-4, atol=5e-4)
 
 
+@st.composite
+def _matmul_case(draw):
+    """Two operands of a random `dot_general`: 0-2 batch, 0-2 contracting and
+    0-2 free axes each, odd sizes, every operand's axes in a random order (so
+    some are read in place as rows or columns and others are copied first)."""
+    sizes = st.integers(1, 9)
+    batch = draw(st.lists(sizes, max_size=2))
+    contract = draw(st.lists(st.integers(1, 40), max_size=2))
+    free = [draw(st.lists(sizes, max_size=2)) for _ in range(2)]
+    shapes, dims = [], []
+    for own in free:
+        axes = [("b", i) for i in range(len(batch))] + [("k", i) for i in range(len(contract))] + [("f", i) for i in range(len(own))]
+        order = draw(st.permutations(axes))
+        size = {"b": batch, "k": contract, "f": own}
+        shapes.append(tuple(size[g][i] for g, i in order))
+        dims.append(([order.index(("k", i)) for i in range(len(contract))], [order.index(("b", i)) for i in range(len(batch))]))
+    (a_contract, a_batch), (c_contract, c_batch) = dims
+    return shapes, ((tuple(a_contract), tuple(c_contract)), (tuple(a_batch), tuple(c_batch)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=_matmul_case(), traced=st.booleans(), seed=st.integers(0, 2**16))
+def test_matmul_matches_dot_general(case, traced, seed):
+    (a_shape, c_shape), dn = case
+    rng = np.random.default_rng(seed)
+    a, c = _normal(rng, a_shape), _normal(rng, c_shape)
+    run = jax.jit(lambda a, c: kernels.matmul(a, c, dn)) if traced else lambda a, c: kernels.matmul(a, c, dn)
+    np.testing.assert_allclose(run(a, c), kernels.matmul_reference(a, c, dn), **TOL)
+
+
+# Attention's products in the model's own layout (one copy-free strided read
+# each), with K over two GEMM K blocks and ragged register tiles.
+@pytest.mark.parametrize("heads, tokens, width", [(12, 197, 64), (1, 33, 300), (3, 8, 1)])
+def test_matmul_attention_products_match_reference(heads, tokens, width):
+    rng = np.random.default_rng(3)
+    q, k = _normal(rng, (tokens, heads, width)), _normal(rng, (tokens, heads, width))
+    p = _normal(rng, (heads, tokens, tokens))
+    scores = (((2,), (2,)), ((1,), (1,)))  # q (T, H, D) . k (T, H, D) -> (H, T, T)
+    mixed = (((2,), (0,)), ((0,), (1,)))   # p (H, T, T) . v (T, H, D) -> (H, T, D)
+    for a, c, dn in ((q, k, scores), (p, k, mixed)):
+        np.testing.assert_allclose(jax.jit(lambda a, c: kernels.matmul(a, c, dn))(a, c),
+                                   kernels.matmul_reference(a, c, dn), rtol=1e-4, atol=5e-4)
+
+
+def test_matmul_batch_elements_do_not_depend_on_the_batch():
+    """Whole elements per worker (a batch) or one element over the pool: same bits."""
+    rng = np.random.default_rng(4)
+    a, c = _normal(rng, (5, 37, 300)), _normal(rng, (5, 300, 70))
+    dn = (((2,), (1,)), ((0,), (0,)))
+    together = np.asarray(kernels.matmul(a, c, dn))
+    alone = np.stack([np.asarray(kernels.matmul(a[i:i + 1], c[i:i + 1], dn))[0] for i in range(5)])
+    assert np.array_equal(together, alone)
+
+
+def test_matmul_gradients_are_the_references():
+    rng = np.random.default_rng(5)
+    a, c = _normal(rng, (2, 5, 7)), _normal(rng, (2, 9, 7))
+    dn = (((2,), (2,)), ((0,), (0,)))
+
+    def loss(f):
+        return jax.grad(lambda a, c: jnp.sum(jnp.sin(f(a, c, dn))), argnums=(0, 1))(a, c)
+
+    for got, want in zip(loss(kernels.matmul), loss(kernels.matmul_reference)):
+        np.testing.assert_allclose(got, want, **TOL)
+
+
+def test_matmul_rejects_mismatched_and_empty_products():
+    dn = (((1,), (0,)), ((), ()))
+    with pytest.raises(jtile.ConfigError, match="do not match the dimension numbers"):
+        kernels.matmul(jnp.ones((2, 3)), jnp.ones((4, 5)), dn)
+    with pytest.raises(jtile.ConfigError, match="is empty"):
+        kernels.matmul(jnp.ones((0, 3)), jnp.ones((3, 5)), dn)
+    with pytest.raises(jtile.UnsupportedError, match="float32"):
+        kernels.matmul(jnp.ones((2, 3), jnp.int32), jnp.ones((3, 5), jnp.int32), dn)
+
+
 def _pool_case(draw):
     window = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
     stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))

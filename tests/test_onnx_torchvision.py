@@ -188,3 +188,20 @@ def test_torchvision_model_round_trips_through_export(name, exporter, opset):
     assert len(got) == len(expected)
     for g, e in zip(got, expected):
         assert relative_error(g, e) < RTOL
+
+
+@pytest.mark.parametrize("exporter,opset", [("torchscript", 17), ("dynamo", 18)])
+def test_exported_vit_runs_on_the_dense_and_matmul_kernels(exporter, opset):
+    """Every projection, MLP layer and attention product of an exported ViT on
+    the C kernels (the attention's head split as the exporter writes it)."""
+    from jtile.algorithms import swap_backend
+    from jtile.fusion import fold_params
+
+    _, x, data = exported("tiny_vit", exporter, opset)
+    imported = jtile.onnx.load(data)
+    swapped = swap_backend(fold_params(imported.fn, imported.params), algorithms={"dense": "gemm", "matmul": "gemm"})
+    targets = [e.params["target_name"] for e in iter_eqns(jax.make_jaxpr(swapped)(x.numpy()).jaxpr)
+               if e.primitive.name == "ffi_call"]
+    layers = 2  # _tiny_vit: per layer, Q @ K^T and P @ V, and 4 dense (in/out projection, 2 MLP) + the head
+    assert targets.count("jtile_matmul") == 2 * layers and targets.count("jtile_dense") == 4 * layers + 1
+    assert relative_error(jax.jit(swapped)(x.numpy()), onnxruntime_outputs(data, x.numpy())[0]) < RTOL
