@@ -119,7 +119,10 @@ def _single_pixel_support(eqn, layer: Layer) -> str | None:
 def _single_pixel_run(eqn, x, w, *epilogue_operands, producers):
     lhs_spec, rhs_spec, out_spec = eqn.params["dimension_numbers"]
     rows = _reorder(x, lhs_spec).reshape(x.shape[lhs_spec[0]], -1)
-    with eager_if_known(w):
+    host = on_host(w)  # a known weight is rearranged in numpy, once, at trace time
+    if isinstance(host, np.ndarray):
+        weight = to_device(host.transpose(rhs_spec).reshape(host.shape[rhs_spec[0]], -1))
+    else:
         weight = _reorder(w, rhs_spec).reshape(w.shape[rhs_spec[0]], -1)
 
     def dense(b, epilogue):

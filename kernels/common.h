@@ -511,6 +511,19 @@ inline ffi::Error decode_conv(const F32Buffer& x, const F32Buffer& w, const F32B
   return decode_conv(x, weight, b, attr, y, act, alpha, lo, hi, s, ep);
 }
 
+// A conv whose weight comes packed in the kernel's own layout: the OIHW
+// geometry is `kernel` ([O, KH, KW]) with C / groups input channels a group.
+inline ffi::Error decode_packed_conv(const char* name, const F32Buffer& x, ffi::Span<const int64_t> kernel,
+                                     const F32Buffer& b, ffi::Span<const int64_t> attr, F32Result& y,
+                                     int64_t act, float alpha, float lo, float hi, ConvShape* s, Epilogue* ep) {
+  auto xd = x.dimensions();
+  if (xd.size() != 4 || attr.size() != 9 || attr[8] < 1 || kernel.size() != 3)
+    return ffi::Error::InvalidArgument(std::string("jtile ") + name +
+                                       ": expected NCHW x, 9 conv attributes (groups >= 1) and [O, KH, KW]");
+  const int64_t weight[4] = {kernel[0], xd[1] / attr[8], kernel[1], kernel[2]};
+  return decode_conv(x, weight, b, attr, y, act, alpha, lo, hi, s, ep);
+}
+
 }  // namespace jtile
 
 // The binding every conv algorithm uses: conv(x, w, b) -> y with the conv

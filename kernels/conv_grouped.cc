@@ -126,14 +126,11 @@ RowsFn pick_b(int b) {
 ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, F32Buffer res,
                        ffi::Span<const int64_t> attr, int64_t act, float alpha, float lo, float hi,
                        ffi::Span<const int64_t> kernel, int64_t span_groups, F32Result y) {
-  auto xd = x.dimensions(), wd = w.dimensions();
-  if (xd.size() != 4 || attr.size() != 9 || attr[8] < 1 || kernel.size() != 3)
-    return ffi::Error::InvalidArgument(
-        "jtile grouped: expected NCHW x, 9 conv attributes (groups >= 1) and [O, KH, KW]");
+  auto wd = w.dimensions();
   ConvShape s;
   Epilogue ep;
-  const int64_t weight[4] = {kernel[0], xd[1] / attr[8], kernel[1], kernel[2]};
-  if (auto e = decode_conv(x, weight, b, attr, y, act, alpha, lo, hi, &s, &ep); e.failure()) return e;
+  if (auto e = decode_packed_conv("grouped", x, kernel, b, attr, y, act, alpha, lo, hi, &s, &ep); e.failure())
+    return e;
   const int64_t taps = s.cg * s.kh * s.kw;
   const bool narrow = span_groups != 0;  // lanes span groups: OIHW weights, kernels/channel_blocks.cc
   const Grouped p = make_grouped(s, workers(pool));
