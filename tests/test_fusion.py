@@ -202,7 +202,8 @@ def test_smooth_and_hard_activations_fuse(op, act, expected, tree_allclose):
     ops = _activation_ops(fused, p, x, shape=shape)
     assert ops - collections.Counter(copy=1) == {name: 1}  # jax.nn.gelu ends in a copy
     (eqn,) = [e for e in iter_eqns(make_jaxpr(fused, p, x).jaxpr) if e.primitive.name == name]
-    assert eqn.params["activation"] == pytest.approx(expected, rel=1e-7)
+    name, *numbers = eqn.params["activation"]
+    assert name == expected[0] and numbers == pytest.approx(list(expected[1:]), rel=1e-7)
     assert _same(fused, model, p, x, tree_allclose=tree_allclose, rtol=1e-5, atol=1e-5)
     swapped = jtile.swap_backend(fused, algorithms={"conv2d": "smm", "dense": "gemm"})
     assert _same(swapped, model, p, x, tree_allclose=tree_allclose, rtol=1e-4, atol=1e-4)
