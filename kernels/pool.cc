@@ -13,6 +13,7 @@ namespace {
 
 struct PoolShape {
   int64_t planes, h, w, kh, kw, sh, sw, pt, pl, oh, ow;
+  bool whole_plane;  // one window covering the plane exactly, no padding
 };
 
 ffi::Error decode_pool(const F32Buffer& x, ffi::Span<const int64_t> a, F32Result& y, PoolShape* p) {
@@ -21,58 +22,82 @@ ffi::Error decode_pool(const F32Buffer& x, ffi::Span<const int64_t> a, F32Result
     return ffi::Error::InvalidArgument("jtile pool: bad ranks or pool attribute");
   int64_t r = xd.size();
   *p = PoolShape{(int64_t)x.element_count() / (xd[r - 2] * xd[r - 1]), xd[r - 2], xd[r - 1],
-                 a[0], a[1], a[2], a[3], a[4], a[6], yd[r - 2], yd[r - 1]};
+                 a[0], a[1], a[2], a[3], a[4], a[6], yd[r - 2], yd[r - 1], false};
+  p->whole_plane = p->oh == 1 && p->ow == 1 && p->kh == p->h && p->kw == p->w &&
+                   a[4] == 0 && a[5] == 0 && a[6] == 0 && a[7] == 0;
   if (p->oh != window_out(p->h, p->kh, p->sh, a[4], a[5]) || p->ow != window_out(p->w, p->kw, p->sw, a[6], a[7]))
     return ffi::Error::InvalidArgument("jtile pool: output shape does not match the attributes");
   return ffi::Error::Success();
 }
 
 // For each output row of each plane: acc[ox] = reduce over the window taps
-// inside the input, starting from `init`; then finish(acc, oy, plane_out).
-// `combine` takes (float, float) and (V, V); the sweep along a row is
-// vectorised, W output columns at a time, the last few through a small
-// buffer. Tasks take runs of planes, so that small planes (7x7 at 832
-// channels) do not cost a task each.
+// inside the input, starting from `init`; then finish(acc, plane, oy). The
+// window's input rows are first combined into a row buffer (contiguous
+// vectors), which holds `init` in the left and right padding and past the
+// end; each output vector then reads it once per column tap, W outputs at a
+// time at the window's stride (stride 2: two loads and a permute), with no
+// partial vectors or bounds checks. `combine` takes (float, float) and (V, V).
+// Tasks take runs of planes, so that small planes (7x7 at 832 channels) do
+// not cost a task each.
 template <typename Combine, typename Finish>
 void pool_rows(ffi::ThreadPool& pool, const PoolShape& p, const float* x, float init,
                Combine combine, Finish finish) {
   const int64_t workers = std::max<int64_t>(1, pool.num_threads());
   const int64_t per_task = std::max<int64_t>(1, p.planes / (8 * workers));
+  const int64_t vectors = ceil_div(p.ow, W);
+  // The last output vector reads up to (vectors * W - 1) * sw + kw - 1 (one more at stride 2).
+  const int64_t length = std::max(vectors * W * p.sw + p.kw, p.pl + p.w) + W;
   parallel_for(pool, ceil_div(p.planes, per_task), [&](int64_t task) {
-    std::vector<float> buffer(ceil_div(p.ow, W) * W);
+    std::vector<float> buffer(vectors * W), padded(length, init);
     float* acc = buffer.data();
+    float* row = padded.data() + p.pl;
     for (int64_t plane = task * per_task; plane < std::min(p.planes, (task + 1) * per_task); ++plane) {
       const float* in = x + plane * p.h * p.w;
       for (int64_t oy = 0; oy < p.oh; ++oy) {
-        std::fill(acc, acc + p.ow, init);
+        bool first = true;
         for (int64_t ky = 0; ky < p.kh; ++ky) {
-          int64_t iy = oy * p.sh + ky - p.pt;
+          const int64_t iy = oy * p.sh + ky - p.pt;
           if (iy < 0 || iy >= p.h) continue;
-          const float* row = in + iy * p.w;
-          for (int64_t kx = 0; kx < p.kw; ++kx) {
-            // ox such that 0 <= ox*sw + kx - pl < w
-            int64_t off = kx - p.pl;
-            int64_t lo = off >= 0 ? 0 : ceil_div(-off, p.sw);
-            int64_t hi = std::min(p.ow, p.w - off > 0 ? ceil_div(p.w - off, p.sw) : 0);
-            const float* base = row + off;
-            int64_t ox = lo;
-            // A vector reads inputs up to (W - 1) * sw past its first: keep them in the row.
-            for (; ox + W <= hi && (ox + W - 1) * p.sw + off < p.w; ox += W)
-              vstore(acc + ox, combine(vload(acc + ox), vload_strided(base + ox * p.sw, p.sw)));
-            if (ox < hi) {
-              const int n = int(hi - ox);
-              alignas(64) float gathered[W];
-              if (p.sw > 1)
-                for (int e = 0; e < n; ++e) gathered[e] = base[(ox + e) * p.sw];
-              const float* src = p.sw > 1 ? gathered : base + ox;
-              const V v = combine(vload_partial(acc + ox, n), vload_partial(src, n));
-              vstore_partial(acc + ox, v, n);
-            }
+          const float* src = in + iy * p.w;
+          int64_t i = 0;
+          if (first) {
+            std::memcpy(row, src, p.w * sizeof(float));
+          } else {
+            for (; i + W <= p.w; i += W) vstore(row + i, combine(vload(row + i), vload(src + i)));
+            if (i < p.w) vstore_partial(row + i, combine(vload_partial(row + i, int(p.w - i)), vload_partial(src + i, int(p.w - i))), int(p.w - i));
           }
+          first = false;
+        }
+        if (first) std::fill(row, row + p.w, init);  // every window row is padding
+        for (int64_t ox = 0; ox < vectors * W; ox += W) {
+          V v = vset1(init);
+          for (int64_t kx = 0; kx < p.kw; ++kx) v = combine(v, vload_strided(padded.data() + ox * p.sw + kx, p.sw));
+          vstore(acc + ox, v);
         }
         finish(acc, plane, oy);
       }
     }
+  });
+}
+
+// out[plane] = finish(reduction of the plane's `size` values by `combine`,
+// lanes first, then across the lanes in order): global pooling, and a window
+// that is the whole plane (a 7x7 average over a 7x7 map), where sweeping rows
+// would spend a partial vector on every tap. Tasks take runs of planes.
+template <typename Combine, typename Finish>
+void reduce_planes(ffi::ThreadPool& pool, int64_t planes, int64_t size, const float* in, float* out,
+                   float init, Combine combine, Finish finish) {
+  parallel_for(pool, planes, [&](int64_t plane) {
+    const float* p = in + plane * size;
+    V acc = vset1(init);
+    int64_t i = 0;
+    for (; i + W <= size; i += W) acc = combine(acc, vload(p + i));
+    float lanes[W];
+    vstore(lanes, acc);
+    float total = init;
+    for (float v : lanes) total = combine(total, v);
+    for (; i < size; ++i) total = combine(total, p[i]);
+    out[plane] = finish(total);
   });
 }
 
@@ -90,7 +115,12 @@ ffi::Error MaxPool(ffi::ThreadPool pool, F32Buffer x, ffi::Span<const int64_t> a
     float operator()(float a, float v) const { return (v > a || std::isnan(v)) && !std::isnan(a) ? v : a; }
     V operator()(V a, V v) const { return vmax_nan(a, v); }
   } combine;
-  pool_rows(pool, p, x.typed_data(), -std::numeric_limits<float>::infinity(), combine,
+  constexpr float lowest = -std::numeric_limits<float>::infinity();
+  if (p.whole_plane) {
+    reduce_planes(pool, p.planes, p.h * p.w, x.typed_data(), out, lowest, combine, [](float m) { return m; });
+    return ffi::Error::Success();
+  }
+  pool_rows(pool, p, x.typed_data(), lowest, combine,
             [&](const float* acc, int64_t plane, int64_t oy) {
               std::memcpy(out + (plane * p.oh + oy) * p.ow, acc, p.ow * sizeof(float));
             });
@@ -106,6 +136,11 @@ ffi::Error AvgPool(ffi::ThreadPool pool, F32Buffer x, ffi::Span<const int64_t> a
     float operator()(float a, float v) const { return a + v; }
     V operator()(V a, V v) const { return vadd(a, v); }
   } combine;
+  if (p.whole_plane) {
+    const float size = float(p.h * p.w);
+    reduce_planes(pool, p.planes, p.h * p.w, x.typed_data(), out, 0.0f, combine, [size](float s) { return s / size; });
+    return ffi::Error::Success();
+  }
   pool_rows(pool, p, x.typed_data(), 0.0f, combine, [&](const float* acc, int64_t plane, int64_t oy) {
     float* dst = out + (plane * p.oh + oy) * p.ow;
     int64_t rows = taps_inside(oy, p.sh, p.kh, p.pt, p.h);
@@ -122,20 +157,12 @@ ffi::Error GlobalAvgPool(ffi::ThreadPool pool, F32Buffer x, F32Result y) {
   if (xd.size() < 2 || y->element_count() * xd[xd.size() - 2] * xd[xd.size() - 1] != x.element_count())
     return ffi::Error::InvalidArgument("jtile global_avg_pool2d: output must be (..., 1, 1)");
   const int64_t size = xd[xd.size() - 2] * xd[xd.size() - 1];
-  const float* in = x.typed_data();
-  float* out = y->typed_data();
-  parallel_for(pool, (int64_t)y->element_count(), [&](int64_t plane) {
-    const float* p = in + plane * size;
-    V acc = vzero();
-    int64_t i = 0;
-    for (; i + W <= size; i += W) acc = vadd(acc, vload(p + i));
-    if (i < size) acc = vadd(acc, vload_partial(p + i, int(size - i)));
-    float lanes[W];
-    vstore(lanes, acc);
-    float total = 0.0f;
-    for (float v : lanes) total += v;
-    out[plane] = total / (float)size;
-  });
+  struct {
+    float operator()(float a, float v) const { return a + v; }
+    V operator()(V a, V v) const { return vadd(a, v); }
+  } add;
+  reduce_planes(pool, (int64_t)y->element_count(), size, x.typed_data(), y->typed_data(), 0.0f, add,
+                [size](float s) { return s / float(size); });
   return ffi::Error::Success();
 }
 

@@ -307,6 +307,23 @@ def test_pools_match_reference(case, include_pad, seed):
     np.testing.assert_allclose(kernels.global_avg_pool2d(x), kernels.global_avg_pool2d_reference(x), **TOL)
 
 
+
+@pytest.mark.parametrize("shape, window, stride, padding", [
+    ((1, 5, 37, 45), (3, 3), (2, 2), ((1, 1), (1, 1))),    # rows of several vectors, stride 2
+    ((2, 3, 33, 50), (2, 5), (3, 1), ((0, 2), (2, 0))),    # stride 3, padding on one side only
+    ((1, 4, 20, 70), (4, 3), (1, 3), ((2, 2), (0, 2))),    # stride-3 columns over a long row
+    ((1, 17, 7, 7), (7, 7), (7, 7), ((0, 0), (0, 0))),     # one window over the whole plane
+    ((2, 3, 5, 19), (5, 19), (1, 1), ((0, 0), (0, 0))),    # the same, wider than a vector
+])
+def test_pools_over_wide_rows_and_whole_planes(getkey, shape, window, stride, padding):
+    x = np.array(jax.random.normal(getkey(), shape, jnp.float32))
+    x.reshape(-1)[[2, 50]] = np.nan  # NaN reaches a max and a mean as in jnp
+    for include_pad in (True, False):
+        np.testing.assert_allclose(kernels.avg_pool2d(x, window, stride, padding, include_pad),
+                                   kernels.avg_pool2d_reference(x, window, stride, padding, include_pad), **TOL)
+    np.testing.assert_allclose(kernels.max_pool2d(x, window, stride, padding),
+                               kernels.max_pool2d_reference(x, window, stride, padding), **TOL)
+
 def _with_nonfinite(x: np.ndarray) -> np.ndarray:
     flat = x.reshape(-1).copy()
     flat[[3, 17]] = np.nan
