@@ -189,7 +189,9 @@ def _conv_preference(eqn, layer: Layer) -> tuple[str, ...]:
     im2col + GEMM only where the dilated window spans the whole input
     (DeepLabV3's atrous pyramid): 960->256 3x3 at 14x14 dilation 12 took 1.9
     ms against XLA's 4.9, at 28x28 dilation 36 16 ms against 77; with smaller
-    dilations XLA was as fast or up to 15% faster.
+    dilations XLA was as fast or up to 15% faster, except on small outputs
+    (at most 16x16): the corner and edge regions `crop_dead_taps` cuts from
+    DeepLabV3's 3x3 at dilation 12 on 14x14 (2x2 taps over 2x2 outputs).
     """
     if _is_depthwise(layer):
         return ("depthwise", "direct")
@@ -198,7 +200,7 @@ def _conv_preference(eqn, layer: Layer) -> tuple[str, ...]:
     if any(d != 1 for d in layer.dilation):
         g = ConvGeometry.of(eqn)
         spans_input = any(g.axis(i).span >= g.in_shape[2 + i] for i in range(len(g.window)))
-        return ("smm",) if spans_input else ()
+        return ("smm",) if spans_input or math.prod(g.out_shape[2:]) <= 256 else ()
     if layer.groups > 1:
         return ("grouped", "smm")
     out_spec = eqn.params["dimension_numbers"][2]

@@ -78,8 +78,9 @@ class SlidingWindow:
         some output (tap `j` reads rows `o * stride - pad_lo + j * dilation`),
         and this window with the taps outside `[first, last]` removed and the
         padding adjusted so every output reads the same rows (a single tap
-        left has dilation 1). None when every
-        tap is live, or when cropping would need negative padding."""
+        left has dilation 1). None when every tap is live. The cropped
+        padding is negative where leading or trailing input rows are no longer
+        read: its `input_region` of all outputs then slices them off."""
         last_row = (self.out_size - 1) * self.stride - self.pad_lo
         live = [j for j in range(self.window)
                 if j * self.dilation - self.pad_lo < self.in_size and last_row + j * self.dilation >= 0]
@@ -87,11 +88,26 @@ class SlidingWindow:
             return None
         first, last = live[0], live[-1]
         lo, hi = self.pad_lo - first * self.dilation, self.pad_hi - (self.window - 1 - last) * self.dilation
-        if lo < 0 or hi < 0:
-            return None
         window = last - first + 1
         dilation = self.dilation if window > 1 else 1
         return first, last, dataclasses.replace(self, window=window, pad_lo=lo, pad_hi=hi, dilation=dilation)
+
+    def tap_bands(self) -> list[tuple[Window, int]]:
+        """`[(outputs, live taps)]`: the output rows cut into maximal runs that
+        read the input through the same taps, each with its count of live taps.
+        A dilated window on a small input (DeepLabV3's 3x3 at dilation 12 on a
+        14x14 map) reads mostly padding: rows 0-1 through 2 taps, 2-11 through
+        1, 12-13 through 2."""
+        def taps(out: int) -> tuple[int, ...]:
+            first = out * self.stride - self.pad_lo
+            return tuple(j for j in range(self.window) if 0 <= first + j * self.dilation < self.in_size)
+
+        bands, start = [], 0
+        for out in range(1, self.out_size + 1):
+            if out == self.out_size or taps(out) != taps(start):
+                bands.append((Window(start, out), len(taps(start))))
+                start = out
+        return bands
 
     def input_region(self, out: Window) -> tuple[Window, tuple[int, int]]:
         """The input rows `out` reads, and the (lo, hi) padding left to this tile."""

@@ -121,27 +121,29 @@ def test_unknown_names_list_the_valid_ones(convnet):
 
 
 def test_auto_swaps_where_a_kernel_wins_and_keeps_xla_elsewhere(getkey, tree_allclose):
-    x = jax.random.normal(getkey(), (1, 32, 16, 16))
+    x = jax.random.normal(getkey(), (1, 32, 24, 24))
     shapes = [(32, 32, 3, 3), (32, 1, 3, 3), (32, 32, 3, 3), (32, 32, 3, 3)]
     weights = [jax.random.normal(getkey(), s) * 0.1 for s in shapes]
 
+    def dilated(y, w):
+        return lax.conv_general_dilated(y, w, (1, 1), ((2, 2), (2, 2)), rhs_dilation=(2, 2), dimension_numbers=NCHW)
+
     def net(x, w):
-        y = _conv(x, w[0])  # 3x3 stride 1, 16x16 out: winograd
+        y = _conv(x, w[0])  # 3x3 stride 1, 24x24 out: winograd
         y = _conv(y, w[1], groups=32)  # depthwise
-        y = _conv(y, w[2], stride=2)  # strided 3x3: im2col + GEMM
-        return lax.conv_general_dilated(  # dilated: not measured, stays with XLA
-            y, w[3], (1, 1), ((2, 2), (2, 2)), rhs_dilation=(2, 2), dimension_numbers=NCHW
-        )
+        small = _conv(y, w[2], stride=2)  # strided 3x3: im2col + GEMM
+        # dilated: XLA over 24x24 outputs (as fast as the kernels there), im2col + GEMM over 12x12
+        return dilated(y, w[3]), dilated(small, w[3])
 
     chosen = []
     swapped = swap_backend(net, algorithms="auto")
     assert tree_allclose(swapped(x, weights), net(x, weights), rtol=RTOL, atol=ATOL)
     jaxpr = str(jax.make_jaxpr(swapped)(x, weights))
-    assert jaxpr.count("ffi_call") == 3 and jaxpr.count("conv_general_dilated") == 1
+    assert jaxpr.count("ffi_call") == 4 and jaxpr.count("conv_general_dilated") == 1
     for kernel in ("winograd", "depthwise", "smm"):
         assert f"jtile_conv_{kernel}" in jaxpr
     swap_conv2d(net, selector=lambda layer: chosen.append(layer.index) or "auto")(x, weights)
-    assert chosen == [0, 1, 2, 3]
+    assert chosen == [0, 1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("channels, groups", [(64, 16), (128, 32), (128, 8), (96, 3)])

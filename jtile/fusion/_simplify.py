@@ -18,7 +18,14 @@ the ONNX importer, so it leaves nothing here to remove.
 `crop_dead_taps` removes the kernel rows and columns of a convolution that
 only ever read padding (`SlidingWindow.live_taps`): a dilated conv whose
 dilation exceeds its input, as in DeepLabV3's atrous pyramid on a 14x14 map
-(dilation 24 and 36 leave only the centre tap, a 1x1 conv).
+(dilation 24 and 36 leave only the centre tap, a 1x1 conv). Where taps are
+dead for part of the output only and cutting the output into regions of
+uniform live taps (`SlidingWindow.tap_bands`) at least halves the MACs, the
+conv becomes one cropped conv per region on its own input window,
+concatenated: DeepLabV3's 3x3 at dilation 12 on 14x14 reads rows 2-11
+through the centre tap alone, so its 9 regions do 0.18x the MACs (960->256:
+4.3 ms -> 1.4 ms on the kernels). Each region holds its own cropped copy of
+the kernel (25 taps in all there, against 9).
 
 !!! warning
 
@@ -27,6 +34,7 @@ dilation exceeds its input, as in DeepLabV3's atrous pyramid on a 14x14 map
     does not.
 """
 
+import dataclasses
 import functools
 import math
 
@@ -36,6 +44,7 @@ from jax import lax
 from jax.extend.core import Literal
 
 from .._geometry import ConvGeometry
+from .._regions import Window
 from .._graph import Graph
 from .._interpreter import CONTROL_FLOW, bind, is_known, on_host, shared, to_device
 
@@ -132,16 +141,50 @@ def drop_identity_rules(closed) -> dict:
 
 def _crop_dead_taps(eqn, x, w):
     g = ConvGeometry.of(eqn)
-    padding, dilation = list(g.padding), list(g.dilation)
+    if any(d != 1 for d in g.lhs_dilation):
+        return bind(eqn, x, w)[0]
+    axes = [g.axis(i) for i in range(len(g.window))]
+    bands = [s.tap_bands() for s in axes]
+    live = math.prod(sum(win.size * n for win, n in axis) for axis in bands)
+    if all(n > 0 for axis in bands for _, n in axis) and 2 * live <= math.prod(g.out_shape[2:]) * math.prod(g.window):
+        return _by_region(eqn, g, x, w, bands)
+    return _bind_cropped(eqn, g, x, w, axes)
+
+
+def _by_region(eqn, g: ConvGeometry, x, w, bands):
+    """The conv as one conv per output region of uniform live taps (each on
+    its input window, with its own padding and cropped kernel), concatenated."""
+
+    def region(prefix, x):
+        i = len(prefix)
+        if i == len(bands):
+            return _bind_cropped(eqn, g, x, w, prefix)
+        s = g.axis(i)
+        parts = []
+        for window, _ in bands[i]:
+            rows, (lo, hi) = s.input_region(window)
+            tile = dataclasses.replace(s, in_size=rows.size, pad_lo=lo, pad_hi=hi)
+            parts.append(region([*prefix, tile], lax.slice_in_dim(x, rows.start, rows.stop, axis=g.lhs_spec[2 + i])))
+        return parts[0] if len(parts) == 1 else lax.concatenate(parts, g.out_spec[2 + i])
+
+    return region([], x)
+
+
+def _bind_cropped(eqn, g: ConvGeometry, x, w, axes):
+    """`eqn`'s conv over `x` whose spatial axes are `axes` (their padding), its
+    kernel cropped to the taps that read `x`."""
+    padding, dilation = [(s.pad_lo, s.pad_hi) for s in axes], list(g.dilation)
     crops = []
-    if all(d == 1 for d in g.lhs_dilation):
-        for i in range(len(g.window)):
-            live = g.axis(i).live_taps()
-            if live is not None:
-                first, last, cropped = live
-                padding[i], dilation[i] = (cropped.pad_lo, cropped.pad_hi), cropped.dilation
-                crops.append((g.rhs_spec[2 + i], first, last + 1))
-    if not crops:
+    for i, s in enumerate(axes):
+        live = s.live_taps()
+        if live is not None:
+            first, last, cropped = live
+            rows, padding[i] = cropped.input_region(Window(0, s.out_size))
+            if rows.size < s.in_size:  # rows only the dropped taps read
+                x = lax.slice_in_dim(x, rows.start, rows.stop, axis=g.lhs_spec[2 + i])
+            dilation[i] = cropped.dilation
+            crops.append((g.rhs_spec[2 + i], first, last + 1))
+    if not crops and tuple(padding) == g.padding:
         return bind(eqn, x, w)[0]
     w = on_host(w)
     for axis, start, stop in crops:
