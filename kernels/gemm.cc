@@ -7,6 +7,9 @@
 // and written out with its epilogue at the end.
 #include "gemm.h"
 
+#include <array>
+#include <utility>
+
 namespace jtile {
 namespace {
 
@@ -30,13 +33,15 @@ struct Tile {
   const float* residual;               // at the tile, as c, or null
 };
 
-template <bool Full>
-inline void store_tile(V (&acc)[MR][NV], const Tile& t) {
-  const int rows = Full ? MR : t.rows;
-  for (int r = 0; r < rows; ++r)
-    for (int v = 0; v < NV; ++v) {
-      const int lanes = Full ? W : std::min(W, t.cols - v * W);
-      if (lanes <= 0) break;
+// Stores an R x N-vector block of accumulators into the tile (rows < R
+// and columns < t.cols; the last vector may be partial), adding what was
+// there (later K blocks) and, with the last K block, bias, residual and the
+// activation.
+template <int R, int N>
+inline void store_tile(V (&acc)[R][N], const Tile& t) {
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < N; ++v) {
+      const int lanes = t.cols >= (v + 1) * W ? W : t.cols - v * W;
       float* p = t.c + r * t.ldc + v * W;
       V x = acc[r][v];
       if (t.accumulate) x = vadd(x, lanes == W ? vload(p) : vload_partial(p, lanes));
@@ -54,31 +59,51 @@ inline void store_tile(V (&acc)[MR][NV], const Tile& t) {
     }
 }
 
-// acc = a_strip (kc x MR, k-major) times b_strip (kc x NR), stored into the
-// tile; meanwhile the next B strip (kc x NR at `next`, or null) is fetched
-// into L2, one k row a step, so weights streaming from memory arrive early.
-inline void micro_kernel(int64_t kc, const float* __restrict a, const float* __restrict b,
-                         const float* next, const Tile& t) {
-  V acc[MR][NV];
+// acc = a_strip (kc x MR, k-major) times b_strip (kc x NR), for the first R
+// rows and N vectors of columns only (a tile at the edge of C computes just
+// what it keeps: the last 4 of 196 columns take one vector, not four), stored
+// into the tile; meanwhile the next B strip (kc x NR at `next`, or null) is
+// fetched into L2, one k row a step, so weights streaming from memory arrive
+// early.
+template <int R, int N>
+void micro_kernel(int64_t kc, const float* __restrict a, const float* __restrict b, const float* next,
+                  const Tile& t) {
+  V acc[R][N];
 #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r)
+  for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) acc[r][v] = vzero();
+    for (int v = 0; v < N; ++v) acc[r][v] = vzero();
   for (int64_t p = 0; p < kc; ++p, a += MR, b += NR) {
     if (next != nullptr)
       for (int l = 0; l < NR; l += 64 / int(sizeof(float))) __builtin_prefetch(next + p * NR + l, 0, 2);
-    V bv[NV];
+    V bv[N];
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) bv[v] = vload(b + v * W);
+    for (int v = 0; v < N; ++v) bv[v] = vload(b + v * W);
 #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) {
+    for (int r = 0; r < R; ++r) {
       const V ar = vset1(a[r]);
 #pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) acc[r][v] = vfma(ar, bv[v], acc[r][v]);
+      for (int v = 0; v < N; ++v) acc[r][v] = vfma(ar, bv[v], acc[r][v]);
     }
   }
-  if (t.rows == MR && t.cols == NR) store_tile<true>(acc, t); else store_tile<false>(acc, t);
+  store_tile<R, N>(acc, t);
 }
+
+// KERNELS[rows - 1][vectors - 1]: the micro-kernel for a tile of that many
+// rows and vectors of columns.
+using MicroKernel = void (*)(int64_t, const float*, const float*, const float*, const Tile&);
+
+template <int R, int... N>
+constexpr std::array<MicroKernel, NV> row_kernels(std::integer_sequence<int, N...>) {
+  return {&micro_kernel<R, N + 1>...};
+}
+
+template <int... R>
+constexpr std::array<std::array<MicroKernel, NV>, MR> kernel_table(std::integer_sequence<int, R...>) {
+  return {row_kernels<R + 1>(std::make_integer_sequence<int, NV>{})...};
+}
+
+constexpr auto KERNELS = kernel_table(std::make_integer_sequence<int, MR>{});
 
 // How C is cut into tasks of up to MC_STRIPS x NC_STRIPS micro-tiles: the
 // cut with the shortest makespan on `workers` threads, counting a task's tiles
@@ -250,7 +275,7 @@ void gemm_on(Runner& runner, int64_t m, int64_t n, int64_t k, const Operand& a, 
                      out.row_bias ? out.row_bias + row : nullptr,
                      out.col_bias ? out.col_bias + col : nullptr, &out.ep,
                      out.residual ? out.residual + row * out.ldc + col : nullptr};
-          micro_kernel(kc, a_strip(k0, kc, s), bp + j * b_stride, s == s0 ? next : nullptr, t);
+          KERNELS[rows - 1][ceil_div(cols, W) - 1](kc, a_strip(k0, kc, s), bp + j * b_stride, s == s0 ? next : nullptr, t);
         }
       }
     }

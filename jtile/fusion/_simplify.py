@@ -145,10 +145,23 @@ def _crop_dead_taps(eqn, x, w):
         return bind(eqn, x, w)[0]
     axes = [g.axis(i) for i in range(len(g.window))]
     bands = [s.tap_bands() for s in axes]
-    live = math.prod(sum(win.size * n for win, n in axis) for axis in bands)
-    if all(n > 0 for axis in bands for _, n in axis) and 2 * live <= math.prod(g.out_shape[2:]) * math.prod(g.window):
+    if all(n > 0 for axis in bands for _, n in axis) and _regions_pay(g, bands):
         return _by_region(eqn, g, x, w, bands)
     return _bind_cropped(eqn, g, x, w, axes)
+
+
+# A region's conv, slice and concatenation, and the bias, residual and activation
+# the split conv no longer fuses, cost some 20-40 us: the kernels' time for ~4M MACs.
+_MACS_PER_OP = 4_000_000
+
+
+def _regions_pay(g: ConvGeometry, bands) -> bool:
+    """Whether one conv per region of uniform live taps at least halves the MACs
+    and saves more than the extra ops cost (a 3x3 on a 2x2 map does not)."""
+    full = math.prod(g.out_shape[2:]) * math.prod(g.window)
+    live = math.prod(sum(win.size * n for win, n in axis) for axis in bands)
+    saved = g.macs * (full - live) // full
+    return 2 * live <= full and saved >= _MACS_PER_OP * math.prod(len(axis) for axis in bands)
 
 
 def _by_region(eqn, g: ConvGeometry, x, w, bands):
