@@ -7,8 +7,8 @@ something); the zoo models
 (`jtile.models`) are torchvision's module with the zoo's weights loaded through
 `jtile.models.state_dict`. The module is exported once per session by
 `torch.onnx.export(opset_version=17, dynamo=False)` into a temporary directory.
-One interleaved run per model (each round runs every engine once, in turn)
-times:
+One interleaved run per model (each round runs every engine in turn: `WARM`
+untimed calls, then one timed call) times:
 
 - `jtile`: `jax.jit(swap_backend(fold_params(fn, params), algorithms="auto"))`, where
   `fn` is `jtile.onnx.load(path).fn` (for a zoo model, the zoo's own function);
@@ -27,7 +27,15 @@ measures the machine's attainable f32 multiply-add rate (a large jitted matmul
 and numpy's BLAS matmul) so per-layer GFLOP/s have a ceiling to compare with.
 
 Run: `python -m pytest benchmarks/bench_real.py -m slow -s` (`BENCH_ROUNDS=N`
-sets the rounds, default 20).
+sets the rounds, default 20; `BENCH_WARM=N` the untimed calls before each timed
+one, default 2).
+
+The untimed calls are there because every engine's first call after another
+engine ran is slow: caches hold the other engine's data and its worker threads
+are still spinning or asleep. One squeezenet1_1 run, best of 10 rounds, ms:
+with no warm call jtile 8.0, ORT 5.4, OpenVINO 7.1, torch 22.5; with two
+5.1, 3.6, 6.7, 18.0; each engine alone 5.0, 3.6, 3.9, 17.8. Rounds stay
+interleaved, so a drift in the machine's state reaches every engine alike.
 
 !!! warning
 
@@ -72,6 +80,7 @@ pytestmark = [
 
 THREADS = 2
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "20"))
+WARM = int(os.environ.get("BENCH_WARM", "2"))
 COMPILE_LIMIT_S = 120.0
 ENGINES = ("jtile", "jax", "ort", "openvino", "torch", "torch_compile")
 PEERS = ENGINES[1:]
@@ -233,11 +242,14 @@ def _runners(case: RealCase, path: Path) -> tuple[dict, dict[str, str]]:
     return runners, missing
 
 
-def interleaved(runners: dict, rounds: int) -> dict[str, dict[str, float]]:
-    """Time every runner once per round, in turn; `{engine: {"min": s, "median": s}}`."""
+def interleaved(runners: dict, rounds: int, warm: int = 0) -> dict[str, dict[str, float]]:
+    """Time every runner once per round, in turn, each after `warm` untimed
+    calls; `{engine: {"min": s, "median": s}}`."""
     times = {name: [] for name in runners}
     for _ in range(rounds):
         for name, run in runners.items():
+            for _ in range(warm):
+                run()
             start = time.perf_counter()
             run()
             times[name].append(time.perf_counter() - start)
@@ -256,7 +268,7 @@ def real_report(request):
     yield
     if RESULTS:
         load = os.getloadavg()
-        meta = {"rounds": ROUNDS, "threads": THREADS, "OMP_WAIT_POLICY": os.environ["OMP_WAIT_POLICY"],
+        meta = {"rounds": ROUNDS, "warm": WARM, "threads": THREADS, "OMP_WAIT_POLICY": os.environ["OMP_WAIT_POLICY"],
                 "notes": NOTES, "matmul_peak_gflops": PEAK, "loadavg_start": before, "loadavg_end": load}
         text = report.write(RESULTS, Path(__file__).parent / "results", others=PEERS, prefix="real",
                             meta=meta, best_of=BEST_OF)
@@ -276,7 +288,7 @@ def test_real_model(onnx_dir, case):
     for name, run in runners.items():
         np.testing.assert_allclose(run(), expected, rtol=case.rtol, atol=case.rtol * scale,
                                    err_msg=f"{case.name} on {name} against ONNX Runtime")
-    RESULTS[case.name] = interleaved(runners, ROUNDS)
+    RESULTS[case.name] = interleaved(runners, ROUNDS, WARM)
     NOTES[case.name] = missing
 
 

@@ -177,7 +177,10 @@ def _conv_preference(eqn, layer: Layer) -> tuple[str, ...]:
     Measured at batch 1 on the zoo's layers (ResNet-18, MobileNetV2) against
     XLA with weights folded into constants: depthwise ~20-100x (XLA runs
     grouped convs channel by channel); Winograd on 3x3 stride 1 with at least
-    14x14 outputs ~2-3x (below, its 4x4 tiles are mostly padding); im2col +
+    12x12 outputs ~2-3x, and 0.68-0.88x the time of im2col + GEMM at 12x12 and
+    13x13 (SqueezeNet's 64->256 at 13x13: 0.25 against 0.33 ms), level at
+    11x11, 1.6-2.4x slower at 8x8 and 7x7, where its 4x4 tiles are mostly
+    padding; im2col +
     GEMM on packed weights on every other conv: stems 1.4-7x, strided 3x3
     1.2-2x, 3x3 at 7x7 1.8x, 1x1 1.1-5x; but 1x1 convs over a 1x1 image
     (squeeze-excitation) on the dense kernel's matrix-vector path, where im2col
@@ -208,7 +211,7 @@ def _conv_preference(eqn, layer: Layer) -> tuple[str, ...]:
         layer.kernel_size == (3, 3)
         and layer.stride == (1, 1)
         and min(layer.in_channels, layer.out_channels) >= 16
-        and min(layer.out_shape[d] for d in out_spec[2:]) >= 14
+        and min(layer.out_shape[d] for d in out_spec[2:]) >= 12
     ):
         return ("winograd", "smm")
     return ("smm",)

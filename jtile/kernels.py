@@ -547,14 +547,20 @@ def smm_pixel_rows(spec: ConvSpec) -> bool:
     1.27 ms; stride 2 to 7x7: 0.49 against 0.81 ms), channel rows everywhere
     else (stride 2 to 28x28: 0.57 against 0.59 ms), 1x1 convs included
     (960->160 at 7x7: 0.078 against 0.095 ms), since there x itself is the
-    packed operand.
+    packed operand. Since edge tiles compute only their own vectors, a
+    windowed conv with a deep GEMM (K = C/g*KH*KW of 256 and more) over at most
+    16x16 pixels takes pixel rows whatever its channels fill: DenseNet-121's
+    3x3 128->32 at 7x7 0.043 against 0.078 ms, at 14x14 0.145 against 0.184,
+    at 28x28 (784 pixels, over the limit) 0.46 against 0.52; with K = 144 (16->16
+    at 16x16) channel rows stay faster, 0.017 against 0.028 ms.
     """
     mr, nr = gemm_tile()
     pixels = spec.out_shape[2] * spec.out_shape[3]
     channels = spec.w_shape[0] // spec.groups
+    depth = spec.w_shape[1] * spec.w_shape[2] * spec.w_shape[3]
     fill = lambda n, r: n / (-(-n // r) * r)  # noqa: E731
     windowed = spec.w_shape[2] * spec.w_shape[3] > 1
-    return windowed and pixels <= 256 and fill(channels, nr) >= fill(pixels, nr)
+    return windowed and pixels <= 256 and (depth >= 256 or fill(channels, nr) >= fill(pixels, nr))
 
 
 def pack_gemm_weight(w: jax.Array, groups: int, rows: int) -> jax.Array:
