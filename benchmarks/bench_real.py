@@ -176,12 +176,13 @@ CASES = tuple(RealCase(m) for m in TORCHVISION) + tuple(RealCase(m, zoo=True) fo
 # ------------------------------------------------------------------ engines
 
 
-def _ort(path: Path):
+def _ort(path: Path, profile: bool = False):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = THREADS
     options.inter_op_num_threads = 1
+    options.enable_profiling = profile
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 

@@ -1,0 +1,139 @@
+"""Where a real model's time goes, block by block: jtile against ONNX Runtime, inside the model.
+
+For a torchvision case of `bench_real.py` (exported to ONNX at opset 17), both
+engines run the same graph at batch 1, and each reports its own per-op times:
+
+- jtile: `jax.jit(swap_backend(fold_params(fn, params), algorithms="auto"))`
+  under `jax.profiler.trace`; every thunk of the executable (a kernel's
+  `ffi_call`, an XLA fusion, a concatenate) is named back to its ONNX node
+  through the compiled HLO's `op_name` metadata;
+- ONNX Runtime (2 threads) with `enable_profiling`: its per-node kernel times,
+  after its own fusions and NCHWc rewrite (a fused node is named after the
+  tensor it writes, e.g. `.../conv.0.2/Clip_output_0_nchwc` for Conv + Clip).
+
+Nodes are grouped into blocks by their module path less its last two parts
+(`/features/features.2/conv/conv.0/conv.0.0/Conv` and ONNX Runtime's fused
+`/features/features.2/conv/conv.0/conv.0.2/Clip_output_0_nchwc` are both block
+`/features/features.2/conv/conv.0`), since the engines fuse differently. The
+table gives each block's median time per run in each engine, slowest gap first,
+and the totals; `benchmarks/results/layers-<model>-<time>.json` holds every
+figure.
+
+Run: `python benchmarks/profile_layers.py mobilenet_v3_large [--runs 20] [--top 25]`.
+
+!!! warning
+
+    Needs the `bench` extra. Profilers add a few microseconds an op in both
+    engines, so the totals exceed the models' plain run times; compare blocks,
+    not totals against `bench_real.py`. Zoo cases are not supported: their
+    jtile function is the zoo's own, whose layer names differ from the ONNX
+    export's.
+"""
+
+import argparse
+import collections
+import datetime
+import glob
+import gzip
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_real import TORCHVISION, RealCase, _ort  # noqa: E402
+
+from jtile.algorithms import swap_backend  # noqa: E402
+from jtile.fusion import fold_params  # noqa: E402
+
+
+def block(name: str) -> str:
+    """A node's module path less its last two parts (see the module docstring)."""
+    parts = name.strip("/").split("/")
+    return "/" + "/".join(parts[:-2]) if len(parts) > 2 else "/" + "/".join(parts[:1])
+
+
+def jtile_blocks(case: RealCase, path: Path, runs: int) -> dict[str, float]:
+    """`{block: median ms a run}` of jtile's thunks, from one `jax.profiler` trace."""
+    model_fn, params = case.jax_function(path)
+    fn = jax.jit(swap_backend(fold_params(model_fn, params), algorithms="auto"))
+    x = jnp.asarray(case.input)
+    hlo = fn.lower(x).compile().as_text()
+    names = dict(re.findall(r"%([\w.-]+) = [^\n]*?op_name=\"jit\([^)]*\)/*([^\"]*)\"", hlo))
+    for _ in range(5):
+        jax.block_until_ready(fn(x))
+    with tempfile.TemporaryDirectory() as directory:
+        with jax.profiler.trace(directory, create_perfetto_trace=True):
+            for _ in range(runs):
+                jax.block_until_ready(fn(x))
+        (trace,) = glob.glob(f"{directory}/**/*.trace.json.gz", recursive=True)
+        events = json.load(gzip.open(trace))["traceEvents"]
+    per_thunk = collections.defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and e["name"] in names:
+            per_thunk[e["name"]].append(e["dur"] / 1e3)
+    blocks = collections.defaultdict(float)
+    for thunk, times in per_thunk.items():
+        layer = names[thunk].rsplit("/", 1)[0]  # less the primitive: the ONNX node's scope
+        blocks[block(layer)] += statistics.median(times)
+    return dict(blocks)
+
+
+def ort_blocks(path: Path, feed, runs: int) -> dict[str, float]:
+    """`{block: median ms a run}` of ONNX Runtime's per-node kernel times."""
+    session = _ort(path, profile=True)
+    for _ in range(5 + runs):
+        session.run(None, feed)
+    profile = session.end_profiling()
+    events = json.load(open(profile))
+    os.remove(profile)
+    per_node = collections.defaultdict(list)
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            per_node[e["name"][: -len("_kernel_time")]].append(e["dur"] / 1e3)
+    blocks = collections.defaultdict(float)
+    for node, times in per_node.items():
+        layer = re.sub(r"_output_\d+(_nchwc)?$", "", node)
+        blocks[block(layer)] += statistics.median(times[-runs:])
+    return dict(blocks)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", choices=TORCHVISION)
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--top", type=int, default=25, help="blocks to print, largest gap first")
+    args = parser.parse_args()
+    case = RealCase(args.model)
+    print(f"load average at start: {os.getloadavg()}")
+    with tempfile.TemporaryDirectory() as directory:
+        path = case.onnx_path(Path(directory))
+        ours = jtile_blocks(case, path, args.runs)
+        theirs = ort_blocks(path, {"x": case.input}, args.runs)
+    rows = sorted(((b, ours.get(b, 0.0), theirs.get(b, 0.0)) for b in ours.keys() | theirs.keys()),
+                  key=lambda r: r[2] - r[1])
+    print(f"{args.model}: per block, median ms a run (profilers on); ratio = ORT / jtile")
+    print(f"{'block':60s} {'jtile':>8s} {'ORT':>8s} {'ratio':>6s}")
+    for name, mine, peer in rows[: args.top]:
+        ratio = f"{peer / mine:6.2f}" if mine > 0 else "     -"
+        print(f"{name[:60]:60s} {mine:8.3f} {peer:8.3f} {ratio}")
+    total_ours, total_theirs = sum(ours.values()), sum(theirs.values())
+    print(f"{'total':60s} {total_ours:8.3f} {total_theirs:8.3f} {total_theirs / total_ours:6.2f}")
+    print(f"load average at end: {os.getloadavg()}")
+    results = Path(__file__).parent / "results"
+    results.mkdir(exist_ok=True)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = results / f"layers-{args.model}-{stamp}.json"
+    out.write_text(json.dumps({"model": args.model, "runs": args.runs, "jtile_ms": ours, "ort_ms": theirs},
+                              indent=1, sort_keys=True))
+    print(f"json: {out}")
+
+
+if __name__ == "__main__":
+    main()
