@@ -14,7 +14,10 @@ engines run the same graph at batch 1, and each reports its own per-op times:
 Nodes are grouped into blocks by their module path less its last two parts
 (`/features/features.2/conv/conv.0/conv.0.0/Conv` and ONNX Runtime's fused
 `/features/features.2/conv/conv.0/conv.0.2/Clip_output_0_nchwc` are both block
-`/features/features.2/conv/conv.0`), since the engines fuse differently. The
+`/features/features.2/conv/conv.0`), since the engines fuse differently; a
+node two levels deep keeps its module (`/features/features.0/Conv` is block
+`/features/features.0`, and ONNX Runtime may name the same fused stem after
+its activation, `/features/features.1`). The
 table gives each block's median time per run in each engine, slowest gap first,
 and the totals; `benchmarks/results/layers-<model>-<time>.json` holds every
 figure.
@@ -54,9 +57,10 @@ from jtile.fusion import fold_params  # noqa: E402
 
 
 def block(name: str) -> str:
-    """A node's module path less its last two parts (see the module docstring)."""
-    parts = name.strip("/").split("/")
-    return "/" + "/".join(parts[:-2]) if len(parts) > 2 else "/" + "/".join(parts[:1])
+    """A node's module path less its last two parts, or less its op alone
+    where two parts would be left (`/features/features.0/Conv`)."""
+    parts = name.strip("/").split("/")[:-1]
+    return "/" + "/".join(parts[:-1] if len(parts) > 2 else parts)
 
 
 def jtile_blocks(case: RealCase, path: Path, runs: int) -> dict[str, float]:
