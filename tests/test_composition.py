@@ -110,3 +110,28 @@ def test_ordered_pair_works_or_names_the_order(block, first, second, getkey):
     scale = float(jnp.max(jnp.abs(expected)))
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5 * scale)
     assert _ops(twice, folded2, params, x) != _ops(once, folded, params, x), f"{second} changed nothing"
+
+
+def atrous_block(p, x):
+    """DeepLabV3's atrous conv on a small map: `fold_params` splits it into regions of live taps."""
+    y = lax.conv_general_dilated(x, p["w"], (1, 1), ((12, 12), (12, 12)), rhs_dilation=(12, 12), dimension_numbers=_DN)
+    return _conv(jax.nn.relu(y + p["b"][None, :, None, None]), p["w2"], pad=0)
+
+
+@pytest.mark.parametrize("then", ["tile_conv", "tile_spatial loop", "tile_spatial unroll", "swap_backend"])
+def test_transforms_compose_with_a_conv_split_into_regions(then, getkey):
+    p = dict(w=0.02 * jax.random.normal(getkey(), (128, 256, 3, 3)), b=jax.random.normal(getkey(), (128,)),
+             w2=0.1 * jax.random.normal(getkey(), (16, 128, 1, 1)))
+    x = jax.random.normal(getkey(), (1, 256, 14, 14))
+    folded = jtile.fusion.fold_params(atrous_block, p)
+    convs = [op for op in jtile.graph(folded, x).all_ops() if op.primitive in ("conv_general_dilated", "conv_bias_act")]
+    assert len(convs) > 2  # the atrous conv became one conv a region
+    transformed = {
+        "tile_conv": lambda f: jtile.tile_conv(f, axis="H", tiles=2),
+        "tile_spatial loop": lambda f: jtile.tile_spatial(f, grid=(2, 2)),
+        "tile_spatial unroll": lambda f: jtile.tile_spatial(f, grid=(2, 2), mode="unroll"),
+        "swap_backend": lambda f: jtile.swap_backend(f, algorithms="auto"),
+    }[then](folded)
+    expected = atrous_block(p, x)
+    np.testing.assert_allclose(jax.jit(transformed)(x), expected, rtol=1e-4, atol=1e-4 * float(jnp.max(jnp.abs(expected))))
+    assert _ops(transformed, True, p, x) != _ops(folded, True, p, x), f"{then} changed nothing"
