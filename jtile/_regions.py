@@ -109,6 +109,11 @@ class SlidingWindow:
                 start = out
         return bands
 
+    def live_reads(self) -> int:
+        """Output rows times the taps each reads the input through, summed:
+        `out_size * window` where no tap reads padding."""
+        return sum(win.size * live for win, live in self.tap_bands())
+
     def input_region(self, out: Window) -> tuple[Window, tuple[int, int]]:
         """The input rows `out` reads, and the (lo, hi) padding left to this tile."""
         start = out.start * self.stride - self.pad_lo

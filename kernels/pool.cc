@@ -101,6 +101,12 @@ void reduce_planes(ffi::ThreadPool& pool, int64_t planes, int64_t size, const fl
   });
 }
 
+// The sum as `combine` for pool_rows and reduce_planes.
+struct Sum {
+  float operator()(float a, float v) const { return a + v; }
+  V operator()(V a, V v) const { return vadd(a, v); }
+};
+
 // Number of window taps of output index o that fall inside [0, size).
 int64_t taps_inside(int64_t o, int64_t stride, int64_t k, int64_t pad, int64_t size) {
   int64_t start = o * stride - pad;
@@ -132,10 +138,7 @@ ffi::Error AvgPool(ffi::ThreadPool pool, F32Buffer x, ffi::Span<const int64_t> a
   PoolShape p;
   if (auto e = decode_pool(x, attr, y, &p); e.failure()) return e;
   float* out = y->typed_data();
-  struct {
-    float operator()(float a, float v) const { return a + v; }
-    V operator()(V a, V v) const { return vadd(a, v); }
-  } combine;
+  const Sum combine;
   if (p.whole_plane) {
     const float size = float(p.h * p.w);
     reduce_planes(pool, p.planes, p.h * p.w, x.typed_data(), out, 0.0f, combine, [size](float s) { return s / size; });
@@ -157,10 +160,7 @@ ffi::Error GlobalAvgPool(ffi::ThreadPool pool, F32Buffer x, F32Result y) {
   if (xd.size() < 2 || y->element_count() * xd[xd.size() - 2] * xd[xd.size() - 1] != x.element_count())
     return ffi::Error::InvalidArgument("jtile global_avg_pool2d: output must be (..., 1, 1)");
   const int64_t size = xd[xd.size() - 2] * xd[xd.size() - 1];
-  struct {
-    float operator()(float a, float v) const { return a + v; }
-    V operator()(V a, V v) const { return vadd(a, v); }
-  } add;
+  const Sum add;
   reduce_planes(pool, (int64_t)y->element_count(), size, x.typed_data(), y->typed_data(), 0.0f, add,
                 [size](float s) { return s / float(size); });
   return ffi::Error::Success();

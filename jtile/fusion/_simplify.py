@@ -159,7 +159,7 @@ def _regions_pay(g: ConvGeometry, bands) -> bool:
     """Whether one conv per region of uniform live taps at least halves the MACs
     and saves more than the extra ops cost (a 3x3 on a 2x2 map does not)."""
     full = math.prod(g.out_shape[2:]) * math.prod(g.window)
-    live = math.prod(sum(win.size * n for win, n in axis) for axis in bands)
+    live = math.prod(g.axis(i).live_reads() for i in range(len(bands)))
     saved = g.macs * (full - live) // full
     return 2 * live <= full and saved >= _MACS_PER_OP * math.prod(len(axis) for axis in bands)
 
