@@ -450,6 +450,21 @@ struct Epilogue {
     }
   }
 
+  // f(act) with act a callable V -> V equal to (*this) on vectors, resolved
+  // at compile time for the common kinds, so that a loop over a tile does not
+  // branch on the kind at every vector.
+  template <typename F>
+  void visit(F&& f) const {
+    switch (kind) {
+      case kIdentity: return f([](V x) { return x; });
+      case kRelu: return f([](V x) { return vclamp_lo(x, 0.0f); });
+      case kClip: return f([lo = lo, hi = hi](V x) { return vclamp_hi(vclamp_lo(x, lo), hi); });
+      case kHardSwish: return f([this](V x) { return vmul(x, hard_sigmoid(x)); });
+      case kSilu: return f([](V x) { return vmul(x, vsigmoid(x)); });
+      default: return f([this](V x) { return (*this)(x); });
+    }
+  }
+
  private:
   V hard_sigmoid(V x) const { return vclamp_hi(vclamp_lo(vfma(x, vset1(alpha), vset1(lo)), 0.0f), 1.0f); }
   float hard_sigmoid(float x) const {  // the same bits: one rounding in the fma, NaN kept by the clamps

@@ -39,24 +39,43 @@ struct Tile {
 // activation.
 template <int R, int N>
 inline void store_tile(V (&acc)[R][N], const Tile& t) {
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < N; ++v) {
-      const int lanes = t.cols >= (v + 1) * W ? W : t.cols - v * W;
-      float* p = t.c + r * t.ldc + v * W;
-      V x = acc[r][v];
-      if (t.accumulate) x = vadd(x, lanes == W ? vload(p) : vload_partial(p, lanes));
-      if (t.last) {
-        if (t.row_bias) x = vadd(x, vset1(t.row_bias[r]));
-        if (t.col_bias)
-          x = vadd(x, lanes == W ? vload(t.col_bias + v * W) : vload_partial(t.col_bias + v * W, lanes));
-        if (t.residual) {
-          const float* q = t.residual + r * t.ldc + v * W;
-          x = vadd(x, lanes == W ? vload(q) : vload_partial(q, lanes));
+  // The activation is chosen once per tile, not once per vector.
+  t.ep->visit([&](auto act) {
+    if (t.last && !t.accumulate && !t.col_bias && t.cols == N * W) {
+      // The usual tile (one K block, full vectors), unrolled so that the
+      // accumulators stay in registers: small-K layers (1x1 convs over 16
+      // channels) spend as long storing a tile as computing it.
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        const V bias = t.row_bias ? vset1(t.row_bias[r]) : vzero();
+#pragma GCC unroll 4
+        for (int v = 0; v < N; ++v) {
+          V x = vadd(acc[r][v], bias);
+          if (t.residual) x = vadd(x, vload(t.residual + r * t.ldc + v * W));
+          vstore(t.c + r * t.ldc + v * W, act(x));
         }
-        x = (*t.ep)(x);
       }
-      if (lanes == W) vstore(p, x); else vstore_partial(p, x, lanes);
+      return;
     }
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < N; ++v) {
+        const int lanes = t.cols >= (v + 1) * W ? W : t.cols - v * W;
+        float* p = t.c + r * t.ldc + v * W;
+        V x = acc[r][v];
+        if (t.accumulate) x = vadd(x, lanes == W ? vload(p) : vload_partial(p, lanes));
+        if (t.last) {
+          if (t.row_bias) x = vadd(x, vset1(t.row_bias[r]));
+          if (t.col_bias)
+            x = vadd(x, lanes == W ? vload(t.col_bias + v * W) : vload_partial(t.col_bias + v * W, lanes));
+          if (t.residual) {
+            const float* q = t.residual + r * t.ldc + v * W;
+            x = vadd(x, lanes == W ? vload(q) : vload_partial(q, lanes));
+          }
+          x = act(x);
+        }
+        if (lanes == W) vstore(p, x); else vstore_partial(p, x, lanes);
+      }
+  });
 }
 
 // acc = a_strip (kc x MR, k-major) times b_strip (kc x NR), for the first R
