@@ -65,23 +65,25 @@ inline void store_blocked(const float* out, int64_t owp, int lanes, int64_t oh, 
                           int64_t oy0, int64_t oy1, const Epilogue& ep, const float* residual,
                           float* y) {
   const int64_t plane = oh * ow, end = oy1 * ow;
-  for (int64_t q = oy0 * ow; q < end; q += W) {
-    const int count = (int)std::min<int64_t>(W, end - q);
-    V r[W];
-    int64_t oy = q / ow, ox = q % ow;
-    for (int j = 0; j < W; ++j) {
-      r[j] = j < count ? vload(out + ((oy - oy0) * owp + ox) * W) : vzero();
-      if (++ox == ow) ox = 0, ++oy;
+  ep.visit([&](auto act) {
+    for (int64_t q = oy0 * ow; q < end; q += W) {
+      const int count = (int)std::min<int64_t>(W, end - q);
+      V r[W];
+      int64_t oy = q / ow, ox = q % ow;
+      for (int j = 0; j < W; ++j) {
+        r[j] = j < count ? vload(out + ((oy - oy0) * owp + ox) * W) : vzero();
+        if (++ox == ow) ox = 0, ++oy;
+      }
+      transpose(r);
+      for (int i = 0; i < lanes; ++i) {
+        const int64_t at = i * plane + q;
+        V v = r[i];
+        if (residual) v = vadd(v, count == W ? vload(residual + at) : vload_partial(residual + at, count));
+        v = act(v);
+        if (count == W) vstore(y + at, v); else vstore_partial(y + at, v, count);
+      }
     }
-    transpose(r);
-    for (int i = 0; i < lanes; ++i) {
-      const int64_t at = i * plane + q;
-      V v = r[i];
-      if (residual) v = vadd(v, count == W ? vload(residual + at) : vload_partial(residual + at, count));
-      v = ep(v);
-      if (count == W) vstore(y + at, v); else vstore_partial(y + at, v, count);
-    }
-  }
+  });
 }
 
 // The conv of x (NCHW) by OIHW weights ws, any groups, computed on vectors of

@@ -18,13 +18,14 @@
 //   planes with the activation. Small planes (7x7, 14x14) thus fill every lane, and
 //   3x3, 5x5 and 7x7 kernels at stride 1 or 2 have unrolled inner loops in
 //   which each input vector is loaded once for all the outputs of the block it
-//   feeds. 1.2-3.3x the plane arrangement on 5x5 and strided layers and on
-//   planes narrower than 2W.
-// - Planes, for 3x3 stride-1 layers with rows of at least 2W outputs, where
-//   that is 1.15-1.6x faster (nine taps do not pay for two transposes): a task
-//   copies one input plane with its zero padding into a per-worker buffer and
-//   accumulates three output rows by up to four vectors of W columns in
-//   registers, each input vector loaded once for the taps and rows it feeds.
+//   feeds. Faster than planes on strided layers and narrow planes.
+// - Planes, for 3x3 and 5x5 stride-1 layers with wide enough rows (see
+//   planes_pay), where that is 1.05-1.7x faster (the taps do not pay for two
+//   transposes): a task copies one input plane with its zero padding into a
+//   per-worker buffer and accumulates three output rows by up to four vectors
+//   of W columns in registers, each input vector loaded once for the taps and
+//   rows it feeds. (At stride 2, planes whose rows were split by column
+//   parity measured 0.9-1.15x the time of channel blocks, so they are not used.)
 //
 // The sum runs over every tap, padding included, in the same order (ky, then
 // kx) for every output and every band or thread split, so NaN and Inf
@@ -41,15 +42,18 @@ namespace {
 
 struct Planes {
   ConvShape s;
+  int k;            // square kernel, 3 or 5
   int64_t mult;     // output channels per input channel
   int64_t pitch;    // floats per padded row in the plane buffer (a multiple of W)
   std::vector<uint32_t> lanes;  // valid lanes of the W-value loads of one padded row
 
-  int64_t plane_size() const { return (s.oh + 2) * pitch + W; }
+  int64_t rows() const { return s.oh + k - 1; }
+  int64_t plane_size() const { return rows() * pitch + W; }
 };
 
 Planes make_planes(const ConvShape& s) {
-  Planes p{s, s.o / s.c, (ceil_div(s.ow, W) * W + 2 + W - 1) / W * W, {}};
+  // Output vector v, tap kx reads columns v * W + kx + [0, W).
+  Planes p{s, (int)s.kh, s.o / s.c, ceil_div(ceil_div(s.ow, W) * W + s.kw - 1, W) * W, {}};
   for (int64_t k = 0; k < p.pitch; k += W) {  // input columns are padded columns [pl, pl + w)
     const int64_t first = std::clamp<int64_t>(s.pl - k, 0, W), last = std::clamp<int64_t>(s.pl + s.w - k, 0, W);
     p.lanes.push_back(first < last ? ((1u << last) - 1u) & ~((1u << first) - 1u) : 0u);
@@ -60,7 +64,7 @@ Planes make_planes(const ConvShape& s) {
 // buf[r * pitch + i] = padded input[r][i], zero outside the input.
 void pad_plane(const Planes& p, const float* x, float* buf) {
   const ConvShape& s = p.s;
-  for (int64_t r = 0; r < s.oh + 2; ++r) {
+  for (int64_t r = 0; r < p.rows(); ++r) {
     const int64_t y = r - s.pt;
     float* dst = buf + r * p.pitch;
     if (y < 0 || y >= s.h) {
@@ -84,10 +88,10 @@ void pad_plane(const Planes& p, const float* x, float* buf) {
   }
 }
 
-// NB vectors from column ox0 of R output rows from oy: output rows share
-// input rows, so each input vector is loaded once for all the taps and output
-// rows it feeds.
-template <int NB, int R>
+// NB vectors from column ox0 of R output rows from oy of a K x K kernel:
+// output rows share input rows, so each input vector is loaded once for all
+// the taps and output rows it feeds.
+template <int K, int NB, int R>
 inline void plane_block(const Planes& p, const float* buf, const float* wo, int64_t oy, int64_t ox0,
                         float bias, const Epilogue& ep, float* y) {
   const float* row = buf + oy * p.pitch + ox0;
@@ -95,42 +99,53 @@ inline void plane_block(const Planes& p, const float* buf, const float* wo, int6
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < NB; ++v) acc[r][v] = vzero();
 #pragma GCC unroll 8
-  for (int in = 0; in < R + 2; ++in)
-#pragma GCC unroll 3
-    for (int kx = 0; kx < 3; ++kx) {
+  for (int in = 0; in < R + K - 1; ++in)
+#pragma GCC unroll 5
+    for (int kx = 0; kx < K; ++kx) {
       V xv[NB];
       for (int v = 0; v < NB; ++v) xv[v] = vload(row + in * p.pitch + kx + v * W);
-#pragma GCC unroll 3
-      for (int ky = 0; ky < 3; ++ky) {
+#pragma GCC unroll 5
+      for (int ky = 0; ky < K; ++ky) {
         if (in - ky < 0 || in - ky >= R) continue;
-        const V wv = vset1(wo[ky * 3 + kx]);
+        const V wv = vset1(wo[ky * K + kx]);
         for (int v = 0; v < NB; ++v) acc[in - ky][v] = vfma(wv, xv[v], acc[in - ky][v]);
       }
     }
   const V bv = vset1(bias);
-  for (int r = 0; r < R; ++r) {
-    float* yrow = y + (oy + r) * p.s.ow + ox0;
-    for (int v = 0; v < NB; ++v) {
-      const int64_t n = std::min<int64_t>(W, p.s.ow - ox0 - v * W);
-      const V out = ep(vadd(acc[r][v], bv));
-      if (n == W) vstore(yrow + v * W, out);
-      else vstore_partial(yrow + v * W, out, int(n));
+  ep.visit([&](auto act) {
+    for (int r = 0; r < R; ++r) {
+      float* yrow = y + (oy + r) * p.s.ow + ox0;
+      for (int v = 0; v < NB; ++v) {
+        const int64_t n = std::min<int64_t>(W, p.s.ow - ox0 - v * W);
+        const V out = act(vadd(acc[r][v], bv));
+        if (n == W) vstore(yrow + v * W, out);
+        else vstore_partial(yrow + v * W, out, int(n));
+      }
     }
-  }
+  });
 }
 
 // Output rows [oy, oy + R), all nvec vectors of each.
-template <int R>
+template <int K, int R>
 void plane_rows(const Planes& p, const float* buf, const float* wo, int64_t oy, int64_t nvec,
                 float bias, const Epilogue& ep, float* y) {
   int64_t v = 0;
-  for (; v + 4 <= nvec; v += 4) plane_block<4, R>(p, buf, wo, oy, v * W, bias, ep, y);
+  for (; v + 4 <= nvec; v += 4) plane_block<K, 4, R>(p, buf, wo, oy, v * W, bias, ep, y);
   switch (nvec - v) {
-    case 3: plane_block<3, R>(p, buf, wo, oy, v * W, bias, ep, y); break;
-    case 2: plane_block<2, R>(p, buf, wo, oy, v * W, bias, ep, y); break;
-    case 1: plane_block<1, R>(p, buf, wo, oy, v * W, bias, ep, y); break;
+    case 3: plane_block<K, 3, R>(p, buf, wo, oy, v * W, bias, ep, y); break;
+    case 2: plane_block<K, 2, R>(p, buf, wo, oy, v * W, bias, ep, y); break;
+    case 1: plane_block<K, 1, R>(p, buf, wo, oy, v * W, bias, ep, y); break;
     default: break;
   }
+}
+
+// Every row of one output plane.
+template <int K>
+void plane_all_rows(const Planes& p, const float* buf, const float* wo, int64_t nvec, float bias,
+                    const Epilogue& ep, float* y) {
+  int64_t oy = 0;
+  for (; oy + 3 <= p.s.oh; oy += 3) plane_rows<K, 3>(p, buf, wo, oy, nvec, bias, ep, y);
+  for (; oy < p.s.oh; ++oy) plane_rows<K, 1>(p, buf, wo, oy, nvec, bias, ep, y);
 }
 
 void conv_planes(ffi::ThreadPool& pool, const ConvShape& s, const float* xs, const float* ws,
@@ -149,14 +164,21 @@ void conv_planes(ffi::ThreadPool& pool, const ConvShape& s, const float* xs, con
       pad_plane(p, xs + nc * s.h * s.w, buf);
       for (int64_t m = 0; m < p.mult; ++m) {
         const int64_t o = c * p.mult + m;
-        const float* wo = ws + o * 9;
         float* y = ys + (n * s.o + o) * s.oh * s.ow;
-        int64_t oy = 0;
-        for (; oy + 3 <= s.oh; oy += 3) plane_rows<3>(p, buf, wo, oy, nvec, bias[o], ep, y);
-        for (; oy < s.oh; ++oy) plane_rows<1>(p, buf, wo, oy, nvec, bias[o], ep, y);
+        if (p.k == 3) plane_all_rows<3>(p, buf, ws + o * 9, nvec, bias[o], ep, y);
+        else plane_all_rows<5>(p, buf, ws + o * 25, nvec, bias[o], ep, y);
       }
     }
   });
+}
+
+// Planes pay where a row fills enough lanes to beat the two transposes of
+// the channel-blocked arrangement (measured, AVX-512, rows of 7 to 112
+// outputs): 3x3 from rows of W outputs (1.3-1.7x at 16 to 112; level at 14,
+// 0.55x at 7), 5x5 from 7W/4 (1.05-1.35x at 28 to 56; 0.95x at 24, 0.5x at 7).
+bool planes_pay(const ConvShape& s) {
+  if (s.kh != s.kw || s.sh != 1 || s.sw != 1 || s.dh != 1 || s.dw != 1) return false;
+  return (s.kh == 3 && s.ow >= W) || (s.kh == 5 && 4 * s.ow >= 7 * W);
 }
 
 // ---------------------------------------------------------------- handler
@@ -170,9 +192,7 @@ ffi::Error ConvDepthwise(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buff
   if (s.groups != s.c || s.cg != 1)
     return ffi::Error::InvalidArgument("jtile depthwise: needs groups == input channels");
   if (s.n * s.o * s.oh * s.ow == 0) return ffi::Error::Success();
-  const bool planes = s.kh == 3 && s.kw == 3 && s.sh == 1 && s.sw == 1 && s.dh == 1 && s.dw == 1 &&
-                      s.ow >= 2 * W;
-  if (planes)
+  if (planes_pay(s))
     conv_planes(pool, s, x.typed_data(), w.typed_data(), b.typed_data(), ep, y->typed_data());
   else
     conv_channel_blocks(pool, s, x.typed_data(), w.typed_data(), b.typed_data(), ep, nullptr, y->typed_data());

@@ -116,11 +116,14 @@ def _with_non_finite(rng, shape):
 
 
 # Layers that take each arrangement of the depthwise kernel (kernels/depthwise.cc):
-# planes for 3x3 stride 1 with rows of >= 32 outputs, channel blocks with the
-# unrolled 3x3 / 5x5 / 7x7 loops at stride 1 and 2, or the general loop.
+# planes for 3x3 stride 1 with rows of >= 16 outputs and 5x5 with rows of >= 28
+# (with AVX-512), channel blocks with the unrolled 3x3 / 5x5 / 7x7 loops at
+# stride 1 and 2, or the general loop.
 DEPTHWISE_LAYERS = {
     "planes 3x3": ((2, 5, 37, 40), 10, 3, dict(padding=((1, 1), (1, 1)))),
     "planes 3x3 asymmetric padding": ((1, 3, 33, 35), 3, 3, dict(padding=((0, 2), (2, 1)))),
+    "planes 3x3 one vector": ((1, 7, 9, 17), 7, 3, dict(padding=((1, 1), (1, 1)))),
+    "planes 5x5 multiplier 2": ((2, 6, 20, 30), 12, 5, dict(padding=((2, 1), (3, 2)))),
     "blocks 3x3 s2": ((2, 19, 29, 31), 19, 3, dict(stride=(2, 2), padding=((1, 1), (1, 1)))),
     "blocks 5x5": ((1, 33, 14, 14), 33, 5, dict(padding=((2, 2), (2, 2)))),
     "blocks 5x5 s2 multiplier 2": ((2, 9, 15, 16), 18, 5, dict(stride=(2, 2), padding=((2, 1), (1, 2)))),
@@ -145,7 +148,7 @@ def test_depthwise_arrangements_match_reference(name):
     _assert_close("depthwise", got, x, w, b, **config)
 
 
-@pytest.mark.parametrize("name", ["planes 3x3", "blocks 5x5", "blocks 5x5 s2 multiplier 2",
+@pytest.mark.parametrize("name", ["planes 3x3", "planes 5x5 multiplier 2", "blocks 5x5", "blocks 5x5 s2 multiplier 2",
                                   "blocks general s3 dilation 2"])
 def test_depthwise_propagates_nan_and_inf_like_reference(name):
     x_shape, out_channels, k, config = DEPTHWISE_LAYERS[name]
