@@ -10,7 +10,7 @@
 //   pixels would fill few lanes.
 // The im2col matrix is never materialised: its operand gathers it straight
 // into packed strips. A 1x1, stride-1, unpadded conv in channel rows needs no
-// gathering at all: x itself is the B matrix.
+// gathering at all: x itself is the B matrix, read in place.
 #include "gemm.h"
 
 namespace jtile {

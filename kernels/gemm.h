@@ -31,6 +31,10 @@ struct Operand {
   // A pre-packed operand: the strip holding row i0 (a multiple of R) from k0
   // on, with *stride set to the distance between strips; others return null.
   virtual const float* packed(int64_t k0, int64_t i0, int64_t* stride) const { return nullptr; }
+  // An operand the kernel can read in place: rows [i0, i0 + R) at k0 are R
+  // consecutive floats, with *k_stride floats from one k to the next; others
+  // return null.
+  virtual const float* direct(int64_t k0, int64_t i0, int64_t* k_stride) const { return nullptr; }
 };
 
 // Row i is a[i * lda + k]: A row-major, or B given as (N, K) (x @ w.T).
@@ -47,6 +51,10 @@ struct Columns final : Operand {
   int64_t ldb;
   Columns(const float* b, int64_t ldb) : b(b), ldb(ldb) {}
   void pack(int64_t k0, int64_t kc, int64_t i0, int64_t count, int r, float* dst) const override;
+  const float* direct(int64_t k0, int64_t i0, int64_t* k_stride) const override {
+    *k_stride = ldb;
+    return b + k0 * ldb + i0;
+  }
 };
 
 // Already packed, as [strip][K][R] (see jtile.kernels.pack_gemm_weight).

@@ -80,7 +80,9 @@ def test_conv2d_matches_reference(algorithm, case):
         ((2, 64, 7, 9), (256, 64, 3, 3), 1, True),  # few pixels, many channels: 3 K blocks, batch 2
         ((1, 40, 15, 15), (128, 40, 3, 3), 2, True),  # strided, 8x8 out
         ((2, 40, 20, 20), (96, 40, 3, 3), 1, False),  # 400 pixels
-        ((1, 96, 7, 7), (160, 96, 1, 1), 1, False),  # 1x1: x itself is the packed operand
+        ((1, 96, 7, 7), (160, 96, 1, 1), 1, False),  # 1x1: x itself is the B operand
+        # 1x1 read in place over 2 K blocks; 140 pixels = 2 full strips and a packed partial one
+        ((2, 300, 10, 14), (9, 300, 1, 1), 1, False),
     ],
 )
 def test_smm_orientations_fuse_bias_residual_and_activation(x_shape, w_shape, stride, pixel_rows):
