@@ -78,14 +78,22 @@ void gemv(ffi::ThreadPool& pool, int64_t m, int64_t k, int64_t n, const float* x
   });
 }
 
-// y[r][n] = ep(dot(x[r], w[n]) + bias[n]) for w (N, K) row-major.
+// y[r][n] = ep(dot(x[r], w[n]) + bias[n]) for w (N, K) row-major. w streams
+// from memory once (a classifier's 5 MB, or a squeeze-excitation's 1 MB
+// that the rest of the model pushed out of cache), so a task reads one
+// contiguous run of rows, ROWS at a time, and prefetches PREFETCH_FLOATS (8
+// KB) ahead of what it reads: short rows (240 floats) end before the
+// hardware prefetcher has caught on. Measured streaming 37 MB of weights
+// through 40 layers of 240x960: 1.4-1.5x; 960x1280: 1.1x.
 void gemv_nk(ffi::ThreadPool& pool, int64_t m, int64_t k, int64_t n, const float* x,
              const float* w, const float* bias, const Epilogue& ep, float* y) {
-  constexpr int64_t ROWS = 4, ROWS_PER_TASK = 64;
+  constexpr int64_t ROWS = 4, ROWS_PER_TASK = 64, PREFETCH_FLOATS = 2048;
   parallel_for(pool, ceil_div(n, ROWS_PER_TASK), [&](int64_t task) {
     const int64_t end = std::min(n, (task + 1) * ROWS_PER_TASK);
     for (int64_t n0 = task * ROWS_PER_TASK; n0 < end; n0 += ROWS) {
       const int64_t rows = std::min(ROWS, end - n0);
+      for (int64_t i = n0 * k + PREFETCH_FLOATS; i < std::min(n * k, (n0 + rows) * k + PREFETCH_FLOATS); i += 64 / (int64_t)sizeof(float))
+        __builtin_prefetch(w + i);
       for (int64_t r = 0; r < m; ++r) {
         const float* xr = x + r * k;
         V acc[ROWS] = {vzero(), vzero(), vzero(), vzero()};
