@@ -49,26 +49,33 @@ void pool_rows(ffi::ThreadPool& pool, const PoolShape& p, const float* x, float 
   const int64_t length = std::max(vectors * W * p.sw + p.kw, p.pl + p.w) + W;
   parallel_for(pool, ceil_div(p.planes, per_task), [&](int64_t task) {
     std::vector<float> buffer(vectors * W), padded(length, init);
+    std::vector<const float*> src(p.kh);  // the window's rows inside the input
     float* acc = buffer.data();
     float* row = padded.data() + p.pl;
     for (int64_t plane = task * per_task; plane < std::min(p.planes, (task + 1) * per_task); ++plane) {
       const float* in = x + plane * p.h * p.w;
       for (int64_t oy = 0; oy < p.oh; ++oy) {
-        bool first = true;
+        // The window's rows inside the input, combined in one pass.
+        int count = 0;
         for (int64_t ky = 0; ky < p.kh; ++ky) {
           const int64_t iy = oy * p.sh + ky - p.pt;
-          if (iy < 0 || iy >= p.h) continue;
-          const float* src = in + iy * p.w;
-          int64_t i = 0;
-          if (first) {
-            std::memcpy(row, src, p.w * sizeof(float));
-          } else {
-            for (; i + W <= p.w; i += W) vstore(row + i, combine(vload(row + i), vload(src + i)));
-            if (i < p.w) vstore_partial(row + i, combine(vload_partial(row + i, int(p.w - i)), vload_partial(src + i, int(p.w - i))), int(p.w - i));
-          }
-          first = false;
+          if (iy >= 0 && iy < p.h) src[count++] = in + iy * p.w;
         }
-        if (first) std::fill(row, row + p.w, init);  // every window row is padding
+        if (count == 0) {
+          std::fill(row, row + p.w, init);  // every window row is padding
+        } else {
+          int64_t i = 0;
+          for (; i + W <= p.w; i += W) {
+            V v = vload(src[0] + i);
+            for (int j = 1; j < count; ++j) v = combine(v, vload(src[j] + i));
+            vstore(row + i, v);
+          }
+          if (const int rest = int(p.w - i); rest > 0) {
+            V v = vload_partial(src[0] + i, rest);
+            for (int j = 1; j < count; ++j) v = combine(v, vload_partial(src[j] + i, rest));
+            vstore_partial(row + i, v, rest);
+          }
+        }
         for (int64_t ox = 0; ox < vectors * W; ox += W) {
           V v = vset1(init);
           for (int64_t kx = 0; kx < p.kw; ++kx) v = combine(v, vload_strided(padded.data() + ox * p.sw + kx, p.sw));
