@@ -365,6 +365,28 @@ def test_auto_pools_take_the_kernel_except_stride_one_on_small_planes(
     assert tree_allclose(jax.jit(auto)(x), pools(x), rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize(
+    "attrs, include_pad",
+    [(dict(kernel_shape=[2, 2], strides=[2, 2]), 0),  # DenseNet's transition pool
+     (dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1]), 1)],  # Inception's, counting the pads
+)
+def test_auto_swaps_an_imported_average_pool(attrs, include_pad):
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+
+    node = helper.make_node("AveragePool", ["x"], ["y"], count_include_pad=include_pad, **attrs)
+    graph = helper.make_graph([node], "pool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, None, None])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(0).standard_normal((1, 8, 16, 16)).astype(np.float32)
+    model = jtile.onnx.load(proto)
+    auto = swap_backend(model.fn, algorithms="auto")
+    jaxpr = str(jax.make_jaxpr(auto)(model.params, x))
+    assert "jtile_avg_pool2d" in jaxpr and "reduce_window_sum" not in jaxpr
+    (want,) = ReferenceEvaluator(proto).run(None, {"x": x})
+    np.testing.assert_allclose(jax.jit(auto)(model.params, x), want, rtol=1e-5, atol=1e-6)
+
+
 def _squeeze_excite(p, x, dn=NCHW):
     """MobileNetV3's squeeze-excitation: global mean, 1x1 conv, relu, 1x1 conv, hard sigmoid, scale."""
     spatial = (1, 2) if dn[0] == "NHWC" else (2, 3)
