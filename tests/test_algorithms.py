@@ -344,13 +344,8 @@ def test_folded_weights_are_packed_once_at_trace_time(getkey, tree_allclose):
     assert tree_allclose(jax.jit(folded)(x), net(w, x), rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.parametrize(
-    "size, window, stride, swapped",
-    [(28, 3, 1, True), (7, 3, 1, False), (14, 3, 2, True), (16, 2, 2, True)],
-)
-def test_auto_pools_take_the_kernel_except_stride_one_on_small_planes(
-    getkey, tree_allclose, size, window, stride, swapped
-):
+@pytest.mark.parametrize("size, window, stride", [(28, 3, 1), (7, 3, 1), (14, 3, 2), (16, 2, 2)])
+def test_auto_pools_take_the_kernel(getkey, tree_allclose, size, window, stride):
     x = jax.random.normal(getkey(), (1, 8, size, size))
     pads = ((0, 0), (0, 0), (window // 2, window // 2), (window // 2, window // 2))
 
@@ -361,7 +356,7 @@ def test_auto_pools_take_the_kernel_except_stride_one_on_small_planes(
         return peak, mean
 
     auto = swap_backend(pools, algorithms="auto")
-    assert _ffi_calls(auto, x) == (2 if swapped else 0)
+    assert _ffi_calls(auto, x) == 2
     assert tree_allclose(jax.jit(auto)(x), pools(x), rtol=RTOL, atol=ATOL)
 
 
