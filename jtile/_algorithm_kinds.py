@@ -393,6 +393,51 @@ def _auto_pool(kernel: str):
 # ---------------------------------------------------------------- tables
 
 
+# ---------------------------------------------------------------- resize
+
+
+def _resized_axes(eqn) -> list[int]:
+    x = eqn.invars[0].aval.shape
+    return [a for a, (out, scale) in enumerate(zip(eqn.params["sizes"], eqn.params["scales"]))
+            if out != x[a] or scale != 1.0]
+
+
+def _resize_support(eqn, layer: Layer) -> str | None:
+    if eqn.invars[0].aval.ndim < 2 or any(a < eqn.invars[0].aval.ndim - 2 for a in _resized_axes(eqn)):
+        return "the kernel resizes the last two axes only"
+    if eqn.params["coords"] == "tf_crop_and_resize":
+        return "tf_crop_and_resize has no kernel"
+    return _dtype_reason(eqn) or _kernels().kernel_unavailable("jtile_resize2d")
+
+
+def _resize_taps(eqn, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """`(index, weights)` of one axis for the kernel, as `_resize._resize_axis` reads it."""
+    from . import _resize
+
+    p, size = eqn.params, eqn.invars[0].aval.shape[axis]
+    if axis not in _resized_axes(eqn):
+        return np.arange(size)[:, None], np.ones((size, 1))
+    how = {k: p[k] for k in ("mode", "nearest_mode", "coords", "cubic_a", "exclude_outside", "extrapolation",
+                             "antialias")}
+    neighbours, coeffs, _ = _resize.axis_taps(size, p["sizes"][axis], p["scales"][axis], p["roi"][axis], how)
+    index = np.clip(neighbours, 0, size - 1)
+    if _resize.selects(coeffs):  # nearest: read only the chosen neighbour
+        picked = coeffs.argmax(axis=1)
+        return index[np.arange(len(index)), picked][:, None], np.ones((len(index), 1))
+    return index, coeffs
+
+
+def _resize_run(eqn, x, *, producers):
+    rank = eqn.invars[0].aval.ndim
+    return _kernels().resize2d(x, *_resize_taps(eqn, rank - 2), *_resize_taps(eqn, rank - 1))
+
+
+def _auto_resize(eqn, layer: Layer, producers) -> str:
+    """The kernel wherever it supports the resize: DeepLabV3's bilinear 28x28 ->
+    224x224 over 21 classes, looped, 0.16 against XLA's 1.32 ms."""
+    return "direct" if _resize_support(eqn, layer) is None else "default"
+
+
 CONV_ALGORITHMS = ("direct", "smm", "winograd", "depthwise", "grouped")
 _CONV_SUPPORT = {**{name: _conv_support(name) for name in CONV_ALGORITHMS}, "dense": _single_pixel_support}
 
@@ -404,6 +449,7 @@ ALGORITHMS = (
     ("matmul", "gemm", _matmul_support, _matmul_run),
     *((f"{kind}pool2d", "direct", _pool_support(f"{kind}_pool2d"), _pool_run(f"{kind}_pool2d"))
       for kind in ("max", "avg")),
+    ("resize", "direct", _resize_support, _resize_run),
 )
 
 AUTO = {
@@ -412,11 +458,12 @@ AUTO = {
     "matmul": _auto_matmul,
     "maxpool2d": _auto_pool("max_pool2d"),
     "avgpool2d": _auto_pool("avg_pool2d"),
+    "resize": _auto_resize,
 }
 
 # The primitives whose equations a swap may replace (or drop: the avg-pool divide).
 PRIMITIVES = (
     "conv_general_dilated", "conv_bias_act", "dot_general", "dense",
-    "reduce_window_max", "reduce_window_sum", "div",
+    "reduce_window_max", "reduce_window_sum", "div", "resize",
 )
 

@@ -37,8 +37,9 @@ operand `x`, params one entry per axis of `x` (`sizes`, `scales`, `roi` as
 `(start, end)` pairs) plus ONNX Resize's attributes (`mode`, `nearest_mode`,
 `coords`, `cubic_a`, `exclude_outside`, `extrapolation`, `antialias`); it
 lowers to `jtile._resize.resize` (gathers and a weighted sum), `describe`
-shows it as a `Layer` of kind `"resize"`, and the exporter writes one ONNX
-`Resize`.
+shows it as a `Layer` of kind `"resize"`, `swap_backend`'s `"resize"` kind
+runs it on the `jtile_resize2d` kernel (the same taps, from
+`jtile._resize.axis_taps`), and the exporter writes one ONNX `Resize`.
 """
 
 import dataclasses

@@ -135,9 +135,10 @@ def _interleave(x, axis: int, offsets, weights, select: bool):
     return y.reshape(*shape[:axis], in_size * r, *shape[axis + 1:])
 
 
-def _resize_axis(x, axis, out_size, scale, roi, how):
-    """Resize `x` along `axis` to `out_size` (`how`: the interpolation parameters)."""
-    in_size = np.shape(x)[axis]
+def axis_taps(in_size: int, out_size: int, scale: float, roi, how: dict):
+    """`(neighbours, coeffs, src)` of one resized axis: output `i` reads input
+    `neighbours[i, t]` (unclamped, `(out, n)`) with weight `coeffs[i, t]`; `src`
+    is the unrounded source coordinate (`how`: the interpolation parameters)."""
     src = _source_coords(how["coords"], out_size, in_size, scale, roi)
     base = np.floor(src)
     ratio = np.where(src == base, 1.0, src - base)
@@ -157,8 +158,20 @@ def _resize_axis(x, axis, out_size, scale, roi, how):
         coeffs = np.where((neighbours < 0) | (neighbours >= in_size), 0.0, coeffs)
         total = coeffs.sum(axis=1, keepdims=True)
         coeffs = coeffs / np.where(total == 0, 1.0, total)
+    return neighbours, coeffs, src
+
+
+def selects(coeffs) -> bool:
+    """Whether the weights pick one neighbour each (nearest), so that only it is read."""
+    return bool(np.all((coeffs == 0) | (coeffs == 1)) and np.all(coeffs.sum(axis=1) == 1))
+
+
+def _resize_axis(x, axis, out_size, scale, roi, how):
+    """Resize `x` along `axis` to `out_size` (`how`: the interpolation parameters)."""
+    in_size = np.shape(x)[axis]
+    neighbours, coeffs, src = axis_taps(in_size, out_size, scale, roi, how)
     index = np.clip(neighbours, 0, in_size - 1)
-    select = np.all((coeffs == 0) | (coeffs == 1)) and np.all(coeffs.sum(axis=1) == 1)
+    select = selects(coeffs)
     periodic = _periodic(neighbours, coeffs, in_size, out_size)
     if periodic is not None and how["coords"] != "tf_crop_and_resize":
         return _interleave(x, axis, *periodic, select).astype(x.dtype)

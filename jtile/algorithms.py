@@ -244,10 +244,12 @@ def swap_backend(
         decorator, `@swap_backend(algorithms=...)`.
     - `algorithms` (keyword-only): `{layer kind: selector}` for the kinds
         `layer_kinds()` lists (`"conv2d"`, `"dense"`, `"matmul"`,
-        `"maxpool2d"`, `"avgpool2d"`); kinds left out keep XLA. `"dense"` is
-        a product with a 2-D weight contracted against the last axis of x
-        (any leading axes are rows); `"matmul"` is every other `dot_general`,
-        such as attention's batched `Q @ K^T` and `P @ V`. A single name (`"auto"`,
+        `"maxpool2d"`, `"avgpool2d"`, `"resize"`); kinds left out keep XLA.
+        `"dense"` is a product with a 2-D weight contracted against the last
+        axis of x (any leading axes are rows); `"matmul"` is every other
+        `dot_general`, such as attention's batched `Q @ K^T` and `P @ V`;
+        `"resize"` is jtile's fused interpolation (an imported ONNX Resize)
+        over the last two axes. A single name (`"auto"`,
         `"default"`) applies to every kind; the default is `"auto"`.
 
     **Returns:** a function with `fn`'s signature and outputs.

@@ -82,6 +82,7 @@ import dataclasses
 import functools
 import importlib.metadata
 import math
+import operator
 import os
 import warnings
 from collections import Counter
@@ -117,6 +118,7 @@ _TARGETS: dict[str, str] = {
     "jtile_max_pool2d": "JtileMaxPool2d",
     "jtile_avg_pool2d": "JtileAvgPool2d",
     "jtile_global_avg_pool2d": "JtileGlobalAvgPool2d",
+    "jtile_resize2d": "JtileResize2d",
 }
 
 # ----------------------------------------------------------------- epilogues
@@ -896,11 +898,67 @@ def global_avg_pool2d(x: jax.Array) -> jax.Array:
     return _pool_call("jtile_global_avg_pool2d", (*jnp.shape(x)[:2], 1, 1), x, global_avg_pool2d_reference)
 
 
+# ------------------------------------------------------------------ resize
+
+
+def resize2d_reference(x: jax.Array, rows: np.ndarray, row_weights: np.ndarray, cols: np.ndarray,
+                       col_weights: np.ndarray) -> jax.Array:
+    """`resize2d` in jnp: along H, then along W, each output the sum over its
+    taps of input times weight."""
+    def along(x, axis, index, weights):
+        terms = [jnp.take(x, index[:, t], axis=axis)
+                 * jnp.expand_dims(jnp.asarray(weights[:, t], x.dtype), tuple(range(axis + 1 - x.ndim, 0)))
+                 for t in range(index.shape[1])]
+        return functools.reduce(operator.add, terms)
+
+    return along(along(x, x.ndim - 2, rows, row_weights), x.ndim - 1, cols, col_weights)
+
+
+def resize2d(x: jax.Array, rows: np.ndarray, row_weights: np.ndarray, cols: np.ndarray,
+             col_weights: np.ndarray) -> jax.Array:
+    """Separable resize of the last two axes of `x` by the C kernel: output
+    row `i` is `sum_t x[..., rows[i, t], :] * row_weights[i, t]`, then column
+    `j` of it `sum_t row[cols[j, t]] * col_weights[j, t]` (taps `(out, n)`,
+    indices inside the input; `jtile._resize.axis_taps` computes them for
+    every ONNX Resize mode)."""
+    _require_float32("resize2d", x=x)
+    tables = [np.asarray(t) for t in (rows, row_weights, cols, col_weights)]
+    rows, row_weights, cols, col_weights = tables
+    if rows.ndim != 2 or rows.shape != row_weights.shape or cols.ndim != 2 or cols.shape != col_weights.shape:
+        raise ConfigError("resize2d: rows / row_weights and cols / col_weights must be (out, taps) pairs of one shape")
+    h, w = jnp.shape(x)[-2:]
+    if rows.min() < 0 or rows.max() >= h or cols.min() < 0 or cols.max() >= w:
+        raise ConfigError(f"resize2d: tap indices must lie inside the {h}x{w} input; clamp them first")
+    out = jax.ShapeDtypeStruct((*jnp.shape(x)[:-2], rows.shape[0], cols.shape[0]), jnp.float32)
+    attrs = dict(taps=np.array([rows.shape[1], cols.shape[1]], np.int64), rows=rows.astype(np.int64).ravel(),
+                 row_weights=row_weights.astype(np.float32).ravel(), cols=cols.astype(np.int64).ravel(),
+                 col_weights=col_weights.astype(np.float32).ravel())
+
+    def kernel(x):
+        return _call("jtile_resize2d", out, x, vmap_method="broadcast_all", **attrs)
+
+    return _with_reference_vjp(kernel, lambda x: resize2d_reference(x, *tables))(x)
+
+
+def _describe_resize_call(eqn):
+    channels = eqn.invars[0].aval.shape[1] if eqn.invars[0].aval.ndim > 1 else 1
+    return _layer(eqn, "resize", in_channels=channels, out_channels=channels)
+
+
+def _resize_call_macs(eqn):
+    """Output elements x taps per axis (the H pass writes OH x W rows)."""
+    taps = [int(t) for t in _attribute(eqn, "taps")]
+    x, y = eqn.invars[0].aval.shape, eqn.outvars[0].aval.shape
+    return Counter({"elementwise": math.prod(y[:-1]) * x[-1] * taps[0] + math.prod(y) * taps[1]})
+
+
 _registry.register("ffi_call:jtile_dense", describe=_describe_dense_call, macs=_call_macs,
                    weights=(1, 2), activations=(0,))
 _registry.register("ffi_call:jtile_matmul", describe=lambda eqn: _layer(eqn, "matmul"),
                    macs=lambda eqn: Counter({"dense": math.prod(int(d) for d in _attribute(eqn, "dims"))}),
                    activations=(0, 1))
+_registry.register("ffi_call:jtile_resize2d", describe=_describe_resize_call, macs=_resize_call_macs,
+                   activations=(0,))
 for _kind in ("max", "avg", "global"):
     _name = "jtile_global_avg_pool2d" if _kind == "global" else f"jtile_{_kind}_pool2d"
     _registry.register(f"ffi_call:{_name}", describe=_describe_pool_call(_kind), macs=_call_macs,
@@ -916,5 +974,5 @@ __all__ = [
     "smm_pixel_rows", "pack_gemm_weight", "vector_lanes", "dense_reference", "GEMV_ROWS", "dense",
     "matmul_reference", "matmul",
     "max_pool2d_reference", "avg_pool2d_reference", "global_avg_pool2d_reference", "max_pool2d",
-    "avg_pool2d", "global_avg_pool2d", "LIBRARY_PATH"
+    "avg_pool2d", "global_avg_pool2d", "resize2d_reference", "resize2d", "LIBRARY_PATH"
 ]

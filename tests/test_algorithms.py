@@ -116,7 +116,7 @@ def test_unknown_names_list_the_valid_ones(convnet):
         swap_conv2d(_convnet, selector=lambda layer: "bogus")(params, x)
     with pytest.raises(jtile.ConfigError, match="unknown keyword.*algorithm"):
         swap_backend(_convnet, algorithm="direct")
-    assert set(layer_kinds()) == {"conv2d", "dense", "matmul", "maxpool2d", "avgpool2d"}
+    assert set(layer_kinds()) == {"conv2d", "dense", "matmul", "maxpool2d", "avgpool2d", "resize"}
     assert algorithm_names("dense") == algorithm_names("matmul") == ("default", "auto", "measured", "gemm")
 
 

@@ -479,3 +479,51 @@ def test_missing_library_imports_and_explains_how_to_build():
     out = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True,
                          text=True, check=True).stdout
     assert "not built" in out and "pip install ." in out
+
+
+# ------------------------------------------------------------------ resize
+
+_RESIZE = dict(nearest_mode="round_prefer_floor", coords="half_pixel", cubic_a=-0.75, exclude_outside=0,
+               extrapolation=0.0, antialias=0)
+
+
+@pytest.mark.parametrize(
+    "x_shape, out_hw, how",
+    [
+        ((1, 21, 28, 28), (224, 224), dict(mode="linear")),            # DeepLabV3's head: x8, rows in two vectors
+        ((2, 3, 9, 40), (20, 100), dict(mode="linear")),               # rows wider than two vectors: gathers
+        ((1, 4, 17, 23), (9, 11), dict(mode="linear", antialias=1)),   # antialiased downsampling: many taps
+        ((1, 2, 6, 7), (13, 15), dict(mode="nearest", nearest_mode="floor", coords="asymmetric")),
+        ((1, 3, 8, 5), (19, 12), dict(mode="cubic", exclude_outside=1)),
+        ((3, 7, 10), (25, 4), dict(mode="linear", coords="align_corners")),  # rank 3, W shrinks
+        ((1, 2, 5, 6), (5, 18), dict(mode="linear", coords="pytorch_half_pixel")),  # H kept
+    ],
+)
+def test_resize_kernel_matches_the_jnp_resize(x_shape, out_hw, how):
+    from jtile import _fused
+    from jtile.algorithms import swap_backend
+
+    x = _normal(np.random.default_rng(7), x_shape)
+    x[..., 1, 2] = np.nan
+    x[..., -1, -1] = np.inf
+    sizes = (*x_shape[:-2], *out_hw)
+    scales = (*(1.0,) * (len(x_shape) - 2), out_hw[0] / x_shape[-2], out_hw[1] / x_shape[-1])
+    params = dict(_RESIZE, **how, sizes=sizes, scales=scales, roi=((0.0, 1.0),) * len(x_shape))
+
+    def fn(x):
+        return _fused.resize(x, **params)
+
+    swapped = swap_backend(fn, algorithms={"resize": "direct"})
+    assert "jtile_resize2d" in str(jax.make_jaxpr(swapped)(x))
+    got, want = np.asarray(jax.jit(swapped)(x)), np.asarray(jax.jit(fn)(x))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=1e-5)
+
+
+def test_resize_kernel_rejects_taps_outside_the_input():
+    x = jnp.ones((1, 1, 4, 4))
+    taps, weights = np.array([[0], [4]]), np.ones((2, 1))
+    with pytest.raises(jtile.ConfigError, match="inside the 4x4 input"):
+        kernels.resize2d(x, taps, weights, np.array([[0]]), np.ones((1, 1)))
