@@ -397,16 +397,17 @@ def _auto_pool(kernel: str):
 
 
 def _resized_axes(eqn) -> list[int]:
-    x = eqn.invars[0].aval.shape
-    return [a for a, (out, scale) in enumerate(zip(eqn.params["sizes"], eqn.params["scales"]))
-            if out != x[a] or scale != 1.0]
+    from . import _resize
+
+    p = eqn.params
+    return _resize.resized_axes(eqn.invars[0].aval.shape, p["sizes"], p["scales"], p["coords"])
 
 
 def _resize_support(eqn, layer: Layer) -> str | None:
-    if eqn.invars[0].aval.ndim < 2 or any(a < eqn.invars[0].aval.ndim - 2 for a in _resized_axes(eqn)):
-        return "the kernel resizes the last two axes only"
     if eqn.params["coords"] == "tf_crop_and_resize":
         return "tf_crop_and_resize has no kernel"
+    if eqn.invars[0].aval.ndim < 2 or any(a < eqn.invars[0].aval.ndim - 2 for a in _resized_axes(eqn)):
+        return "the kernel resizes the last two axes only"
     return _dtype_reason(eqn) or _kernels().kernel_unavailable("jtile_resize2d")
 
 
@@ -417,14 +418,9 @@ def _resize_taps(eqn, axis: int) -> tuple[np.ndarray, np.ndarray]:
     p, size = eqn.params, eqn.invars[0].aval.shape[axis]
     if axis not in _resized_axes(eqn):
         return np.arange(size)[:, None], np.ones((size, 1))
-    how = {k: p[k] for k in ("mode", "nearest_mode", "coords", "cubic_a", "exclude_outside", "extrapolation",
-                             "antialias")}
-    neighbours, coeffs, _ = _resize.axis_taps(size, p["sizes"][axis], p["scales"][axis], p["roi"][axis], how)
-    index = np.clip(neighbours, 0, size - 1)
-    if _resize.selects(coeffs):  # nearest: read only the chosen neighbour
-        picked = coeffs.argmax(axis=1)
-        return index[np.arange(len(index)), picked][:, None], np.ones((len(index), 1))
-    return index, coeffs
+    neighbours, coeffs, _ = _resize.axis_taps(size, p["sizes"][axis], p["scales"][axis], p["roi"][axis],
+                                              _resize.interpolation(p))
+    return _resize.read_taps(neighbours, coeffs, size)
 
 
 def _resize_run(eqn, x, *, producers):

@@ -166,20 +166,42 @@ def selects(coeffs) -> bool:
     return bool(np.all((coeffs == 0) | (coeffs == 1)) and np.all(coeffs.sum(axis=1) == 1))
 
 
+def read_taps(neighbours, coeffs, in_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """`(index, weights)`, each `(out, n)`, the input is read with: the
+    neighbours clamped to the input, and for a selecting (nearest) resize only
+    the chosen one, with weight 1."""
+    index = np.clip(neighbours, 0, in_size - 1)
+    if selects(coeffs):
+        return index[np.arange(len(index)), coeffs.argmax(axis=1)][:, None], np.ones((len(index), 1))
+    return index, coeffs
+
+
+def resized_axes(shape, sizes, scales, coords: str) -> list[int]:
+    """The axes a resize changes (every axis for `tf_crop_and_resize`)."""
+    return [axis for axis, (size, out, scale) in enumerate(zip(shape, sizes, scales))
+            if out != size or scale != 1.0 or coords == "tf_crop_and_resize"]
+
+
+def interpolation(params: dict) -> dict:
+    """The interpolation parameters of a resize's params (`how` above)."""
+    return {k: params[k] for k in ("mode", "nearest_mode", "coords", "cubic_a", "exclude_outside",
+                                   "extrapolation", "antialias")}
+
+
 def _resize_axis(x, axis, out_size, scale, roi, how):
     """Resize `x` along `axis` to `out_size` (`how`: the interpolation parameters)."""
     in_size = np.shape(x)[axis]
     neighbours, coeffs, src = axis_taps(in_size, out_size, scale, roi, how)
-    index = np.clip(neighbours, 0, in_size - 1)
     select = selects(coeffs)
     periodic = _periodic(neighbours, coeffs, in_size, out_size)
     if periodic is not None and how["coords"] != "tf_crop_and_resize":
         return _interleave(x, axis, *periodic, select).astype(x.dtype)
+    index, weights = read_taps(neighbours, coeffs, in_size)
     if select:
-        y = jnp.take(x, index[np.arange(out_size), coeffs.argmax(axis=1)], axis=axis)
+        y = jnp.take(x, index[:, 0], axis=axis)
     else:
         gathered = jnp.take(x, index, axis=axis)  # (..., out, n, ...)
-        w = coeffs.reshape((1,) * axis + coeffs.shape + (1,) * (np.ndim(x) - axis - 1))
+        w = weights.reshape((1,) * axis + weights.shape + (1,) * (np.ndim(x) - axis - 1))
         y = jnp.sum(gathered * w.astype(gathered.dtype), axis=axis + 1)
     if how["coords"] == "tf_crop_and_resize":
         outside = (src < 0) | (src > in_size - 1)
@@ -192,9 +214,7 @@ def resize(x, *, sizes: tuple[int, ...], scales: tuple[float, ...], roi: tuple[t
            mode: str, nearest_mode: str, coords: str, cubic_a: float, exclude_outside: int,
            extrapolation: float, antialias: int):
     """`x` resized to `sizes`, one entry per axis (`scales`, `roi` likewise), as ONNX Resize."""
-    how = dict(mode=mode, nearest_mode=nearest_mode, coords=coords, cubic_a=cubic_a,
-               exclude_outside=exclude_outside, extrapolation=extrapolation, antialias=antialias)
-    for axis, (out, scale, window) in enumerate(zip(sizes, scales, roi)):
-        if out != np.shape(x)[axis] or scale != 1.0 or coords == "tf_crop_and_resize":
-            x = _resize_axis(x, axis, out, scale, window, how)
+    how = interpolation(locals())
+    for axis in resized_axes(np.shape(x), sizes, scales, coords):
+        x = _resize_axis(x, axis, sizes[axis], scales[axis], roi[axis], how)
     return x
