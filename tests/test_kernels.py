@@ -212,6 +212,18 @@ def test_dense_large_blocks_match_reference(m, traced, transpose_w):
     np.testing.assert_allclose(got, kernels.dense_reference(x, w, **kw), rtol=1e-4, atol=5e-4)
 
 
+# Rows of (N, K) weights of 1024 floats and more take the matrix-vector path
+# that prefetches along each row; K not a multiple of the vector width, and a
+# batch of rows, so the last partial vector and the prefetch's end are covered.
+@pytest.mark.parametrize("m, k", [(1, 1100), (3, 2061)])
+def test_dense_long_rows_match_reference(m, k):
+    rng = np.random.default_rng(3)
+    x, w, b = _normal(rng, (m, k)), _normal(rng, (70, k)), _normal(rng, 70)
+    kw = dict(activation="relu", transpose_w=True)
+    got = jax.jit(lambda x, w: kernels.dense(x, w, b, **kw))(x, w)
+    np.testing.assert_allclose(got, kernels.dense_reference(x, w, b, **kw), rtol=1e-4, atol=1e-3)
+
+
 @st.composite
 def _matmul_case(draw):
     """Two operands of a random `dot_general`: 0-2 batch, 0-2 contracting and
