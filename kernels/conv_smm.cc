@@ -85,14 +85,18 @@ struct Im2col final : Operand {
     const bool contiguous = s.sw == 1 && base[rows - 1] - base[0] == rows - 1 &&
                             iy0[rows - 1] == iy0[0];
     const __m512i vbase = _mm512_load_si512(base);
+    // k = (channel, tap), stepped rather than divided out (6% of a 3x3 128->32
+    // at 14x14, whose packing is half its time).
+    int64_t t = k0 % taps;
+    int32_t channel = int32_t(k0 / taps * plane);
     for (int64_t kk = 0; kk < kc; ++kk) {
-      const int64_t c = (k0 + kk) / taps, t = (k0 + kk) % taps;
-      const int32_t offset = int32_t(c * plane) + tap_offset[t];
+      const int32_t offset = channel + tap_offset[t];
       const __m512 v = contiguous
           ? _mm512_maskz_loadu_ps(masks[t], x + base[0] + offset)
           : _mm512_mask_i32gather_ps(_mm512_setzero_ps(), masks[t],
                                      _mm512_add_epi32(vbase, _mm512_set1_epi32(offset)), x, 4);
       _mm512_mask_storeu_ps(dst + kk * r, row_mask, v);
+      if (++t == taps) t = 0, channel += int32_t(plane);
     }
     return true;
   }
@@ -100,9 +104,9 @@ struct Im2col final : Operand {
 
   void pack_runs(int64_t k0, int64_t kc, const Run* runs, int nruns, int r, int rows, float* dst) const {
     const int64_t taps = s.kh * s.kw;
+    int64_t c = k0 / taps, ky = k0 % taps / s.kw, kx = k0 % s.kw;  // k = (c, ky, kx), stepped
     for (int64_t kk = 0; kk < kc; ++kk) {
-      const int64_t c = (k0 + kk) / taps, tap = (k0 + kk) % taps;
-      const int64_t dy = tap / s.kw * s.dh, dx = tap % s.kw * s.dw;
+      const int64_t dy = ky * s.dh, dx = kx * s.dw;
       float* d = dst + kk * r;
       std::fill(d + rows, d + r, 0.0f);
       for (int q = 0; q < nruns; ++q) {
@@ -126,6 +130,10 @@ struct Im2col final : Operand {
           for (; e < hi; ++e) out[e] = in[e * s.sw];
         }
         std::fill(out + hi, out + run.len, 0.0f);
+      }
+      if (++kx == s.kw) {
+        kx = 0;
+        if (++ky == s.kh) ky = 0, ++c;
       }
     }
   }
