@@ -85,7 +85,10 @@ def _conv_support(name: str):
 
 
 def _conv_run(name: str):
-    def run(eqn, x, w, *epilogue_operands, producers):
+    def run(eqn, x, w, *epilogue_operands, producers, into=None):
+        """`into=(buffer or channels, channel0)`: write into a concatenation's
+        buffer (`jtile.kernels.conv2d`), for an NCHW output whose epilogue the
+        kernel fuses (`writes_into`)."""
         lhs_spec, rhs_spec, out_spec = eqn.params["dimension_numbers"]
         geometry = _conv_geometry(eqn)
         del geometry["x_shape"], geometry["w_shape"]
@@ -94,13 +97,24 @@ def _conv_run(name: str):
             if "residual" in epilogue:
                 epilogue = dict(epilogue, residual=_reorder(epilogue["residual"], out_spec))
             y = _kernels().conv2d(
-                _reorder(x, lhs_spec), _reorder(w, rhs_spec), b, algorithm=name, **geometry, **epilogue
+                _reorder(x, lhs_spec), _reorder(w, rhs_spec), b, algorithm=name, **geometry, **epilogue,
+                **({"into": into} if into is not None else {}),
             )
             return _restore(y, out_spec)
 
         return _with_epilogue(eqn, conv, epilogue_operands, out_axis=out_spec[1])
 
     return run
+
+
+def writes_into(eqn, algorithm: str) -> bool:
+    """Whether the conv `eqn`, run by `algorithm`, can write its output straight
+    into a concatenation's buffer: a kernel that takes one, an NCHW output of
+    one image, and an epilogue the kernel fuses."""
+    out_spec = eqn.params["dimension_numbers"][2]
+    out_shape = eqn.outvars[0].aval.shape
+    return (_kernels().conv2d_writes_into(algorithm) and tuple(out_spec) == (0, 1, 2, 3)
+            and out_shape[0] == 1 and _fused_epilogue(eqn, out_axis=1))
 
 
 def _single_pixel_support(eqn, layer: Layer) -> str | None:
@@ -140,9 +154,8 @@ def _with_epilogue(eqn, kernel, operands, out_axis: int):
         return kernel(None, {})
     bias, *residual = operands
     activation = eqn.params["activation"]
-    out_shape = eqn.outvars[0].aval.shape
-    channels = out_shape[out_axis]
-    if bias.ndim == 0 or (bias.ndim == len(out_shape) and _per_channel(bias, out_axis, channels)):
+    channels = eqn.outvars[0].aval.shape[out_axis]
+    if _fused_epilogue(eqn, out_axis):
         flat = on_host(bias).reshape(-1)
         b = to_device(np.broadcast_to(flat, (channels,)) if isinstance(flat, np.ndarray)
                       else jnp.broadcast_to(flat, (channels,)))
@@ -150,6 +163,14 @@ def _with_epilogue(eqn, kernel, operands, out_axis: int):
         return kernel(b, dict(epilogue, residual=residual[0]) if residual else epilogue)
     y = kernel(None, {}) + bias
     return activate(y + residual[0] if residual else y, activation)
+
+
+def _fused_epilogue(eqn, out_axis: int) -> bool:
+    """Whether a kernel fuses `eqn`'s epilogue: none, or a per-channel bias."""
+    if eqn.primitive.name not in ("conv_bias_act", "dense"):
+        return True
+    bias, out_shape = eqn.invars[2].aval, eqn.outvars[0].aval.shape
+    return bias.ndim == 0 or (bias.ndim == len(out_shape) and _per_channel(bias, out_axis, out_shape[out_axis]))
 
 
 def _per_channel(bias, axis: int, channels: int) -> bool:

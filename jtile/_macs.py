@@ -123,9 +123,10 @@ def _control_flow(eqn, bodies: list[tuple[Counter, set]]) -> tuple[Counter, set]
     return sum((c for c, _ in bodies), Counter()), uncounted  # while: body + cond, once
 
 
-def epilogue(eqn, adds: int, activation) -> Counter:
-    """The bias and residual adds and the activation a fused op or kernel applies to its output."""
-    out = out_elements(eqn)
+def epilogue(eqn, adds: int, activation, out: int | None = None) -> Counter:
+    """The bias and residual adds and the activation a fused op or kernel applies
+    to its output (`out` elements, by default all the equation's)."""
+    out = out_elements(eqn) if out is None else out
     return Counter({"elementwise": out * adds, "activation": out if activation else 0})
 
 

@@ -13,6 +13,9 @@ serve the layer, XLA included, once per machine and layer signature
 The registry maps each layer kind to its algorithms: `algorithm_names(kind)`
 lists them, `register_algorithm` adds one.
 
+Conv branches of a channel concatenation write their parts straight into its
+buffer where their kernels can (`jtile._concat_in_place`).
+
 !!! warning
 
     The choice is made once per traced signature, from shapes alone. Swapped
@@ -24,9 +27,11 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
 import jax.extend.core as jcore
+from jax import lax
 
 from . import _algorithm_kinds as kinds
 from . import _measured
+from ._concat_in_place import Part, find_parts
 from ._errors import ConfigError, UnsupportedError, reject_positional, reject_unknown
 from ._graph import Graph
 from ._interpreter import bind, transform
@@ -179,6 +184,7 @@ class _Plan:
     swaps: dict[int, Algorithm]
     dropped: set[int]
     producers: dict
+    parts: dict[int, Part] = dataclasses.field(default_factory=dict)  # convs writing into a concatenation
 
 
 def _find_layers(graph: Graph, kinds_wanted):
@@ -211,19 +217,47 @@ def _plan(closed: jcore.ClosedJaxpr, selectors: dict[str, Selector]) -> _Plan:
             plan.swaps[id(eqn)] = algorithm
             if layer.kind == "avgpool2d":
                 plan.dropped.add(avg_pools[id(eqn)])
+
+    def writes_into(eqn) -> bool:
+        algorithm = plan.swaps.get(id(eqn))
+        return algorithm is not None and algorithm.kind == "conv2d" and kinds.writes_into(eqn, algorithm.name)
+
+    plan.parts = find_parts(graph, writes_into)
     return plan
 
 
 def _rules(plan: _Plan) -> dict:
+    concats = {part.concat for part in plan.parts.values()}
+    buffers = {}  # id(concatenate eqn) -> the buffer its parts have written so far
+
     def swap(eqn, *invals):
         if id(eqn) in plan.dropped:
             return invals[0]
+        if id(eqn) in concats:
+            return _assemble(eqn, invals, buffers.pop(id(eqn)), plan)
         if id(eqn) not in plan.swaps:
             out = bind(eqn, *invals)
             return out if eqn.primitive.multiple_results else out[0]
-        return plan.swaps[id(eqn)].run(eqn, *invals, producers=plan.producers)
+        if id(eqn) not in plan.parts:
+            return plan.swaps[id(eqn)].run(eqn, *invals, producers=plan.producers)
+        part = plan.parts[id(eqn)]
+        into = (buffers.get(part.concat, part.channels), part.channel0)
+        whole = buffers[part.concat] = plan.swaps[id(eqn)].run(eqn, *invals, producers=plan.producers, into=into)
+        # Its own channels, for the record: only the concatenation reads the
+        # part, and it returns the buffer, so XLA drops this slice.
+        return lax.slice_in_dim(whole, part.channel0, part.channel0 + eqn.outvars[0].aval.shape[1], axis=1)
 
-    return {name: swap for name in kinds.PRIMITIVES}
+    return {name: swap for name in (*kinds.PRIMITIVES, *(("concatenate",) if concats else ()))}
+
+
+def _assemble(eqn, invals, whole, plan: _Plan):
+    """The concatenation's buffer with the parts that are not written in place copied in."""
+    channel0 = 0
+    for var, value in zip(eqn.invars, invals):
+        if id(plan.producers.get(var)) not in plan.parts:
+            whole = lax.dynamic_update_slice_in_dim(whole, value, channel0, axis=1)
+        channel0 += value.shape[1]
+    return whole
 
 
 # ------------------------------------------------------------------ fn -> fn

@@ -243,11 +243,11 @@ def warn_if_unavailable(where: str) -> bool:
     return bool(_UNAVAILABLE)
 
 
-def _call(target: str, out: jax.ShapeDtypeStruct, *arrays, vmap_method: str, **attrs):
+def _call(target: str, out: jax.ShapeDtypeStruct, *arrays, vmap_method: str, aliases=None, **attrs):
     reason = kernel_unavailable(target)
     if reason is not None:
         raise UnsupportedError(reason)
-    return jax.ffi.ffi_call(target, out, vmap_method=vmap_method)(*arrays, **attrs)
+    return jax.ffi.ffi_call(target, out, vmap_method=vmap_method, input_output_aliases=aliases)(*arrays, **attrs)
 
 
 def _with_reference_vjp(kernel: Callable, reference: Callable, derived: int = 0) -> Callable:
@@ -353,7 +353,9 @@ class ConvAlgorithm:
     target: str
     support: Callable[[ConvSpec], str | None]
     prepare: Callable[[ConvSpec, jax.Array], tuple[jax.Array, dict]] = lambda spec, w: (w, {})
-    residual: bool = False  # the handler takes a 4th buffer added before the activation
+    # The handler binds JTILE_CONV_RESIDUAL_BINDING: a residual added before the
+    # activation, and a concatenation buffer to write into (`conv2d(into=)`).
+    residual: bool = False
 
 
 # ------------------------------------------- what a kernel call computes
@@ -375,9 +377,11 @@ def _layer(eqn, kind: str, **fields):
 def _describe_conv_call(eqn):
     sh, sw, pt, pb, pl, pr, dh, dw, groups = (int(v) for v in _attribute(eqn, "conv"))
     kernel = _attribute(eqn, "kernel")  # [O, KH, KW] when the weight is packed
-    window = tuple(int(k) for k in kernel[1:]) if kernel is not None else tuple(eqn.invars[1].aval.shape[2:])
+    o, *window = (int(k) for k in kernel) if kernel is not None else (
+        eqn.invars[1].aval.shape[0], *eqn.invars[1].aval.shape[2:])
+    # out_shape is what the call returns: a concatenation's whole buffer when it writes into one
     return _layer(eqn, "conv2d", in_channels=eqn.invars[0].aval.shape[1],
-                  out_channels=eqn.outvars[0].aval.shape[1], kernel_size=window, stride=(sh, sw),
+                  out_channels=o, kernel_size=tuple(window), stride=(sh, sw),
                   padding=((pt, pb), (pl, pr)), dilation=(dh, dw), lhs_dilation=(1, 1), groups=groups,
                   batch_groups=1)
 
@@ -406,14 +410,16 @@ def _call_macs(eqn):
 
     layer = (_registry.facet(eqn, "describe"))(eqn)
     per_output = math.prod(layer.kernel_size or ())
+    outputs = out_elements(eqn)
     if layer.kind == "conv2d":
         per_output *= layer.in_channels // layer.groups
+        outputs = outputs // layer.out_shape[1] * layer.out_channels  # its own part of a concatenation
     elif layer.kind == "dense":
         per_output = layer.in_channels
     category = {"conv2d": "conv", "dense": "dense"}.get(layer.kind, "pool")
     adds = [v for v in eqn.invars[2:4] if math.prod(v.aval.shape)] if category != "pool" else []
     activation = dict(eqn.params["attributes"] or ()).get("activation")
-    return Counter({category: out_elements(eqn) * per_output}) + epilogue(eqn, len(adds), activation)
+    return Counter({category: outputs * per_output}) + epilogue(eqn, len(adds), activation, outputs)
 
 
 _CONV_ALGORITHMS: dict[str, ConvAlgorithm] = {}
@@ -427,9 +433,14 @@ def register_conv_algorithm(name: str, target: str, symbol: str,
     (kernels/common.h); an empty residual buffer means none."""
     _TARGETS[target] = symbol
     _registry.register(f"ffi_call:{target}", describe=_describe_conv_call, macs=_call_macs,
-                       weights=(1, 2), activations=(0, 3))
+                       weights=(1, 2), activations=(0, 3, 4))
     keep = ConvAlgorithm.prepare if prepare is None else prepare
     _CONV_ALGORITHMS[name] = ConvAlgorithm(target, support, keep, residual)
+
+
+def conv2d_writes_into(algorithm: str) -> bool:
+    """Whether `conv2d(algorithm=...)` takes `into=` (writes into a concatenation's buffer)."""
+    return algorithm in _CONV_ALGORITHMS and _CONV_ALGORITHMS[algorithm].residual
 
 
 def _any_conv(spec: ConvSpec) -> str | None:
@@ -471,7 +482,8 @@ def conv2d_support(algorithm: str, *, x_shape: Sequence[int], w_shape: Sequence[
 def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm: str = "direct",
            stride: Pair = (1, 1), padding: Padding = ((0, 0), (0, 0)), dilation: Pair = (1, 1),
            groups: int = 1, activation: str | None = None, alpha: float = 0.0, beta: float = 0.0,
-           clip: Sequence[float] = (0.0, 6.0), residual: jax.Array | None = None) -> jax.Array:
+           clip: Sequence[float] = (0.0, 6.0), residual: jax.Array | None = None,
+           into: tuple[jax.Array | int, int] | None = None) -> jax.Array:
     """2-D convolution by the C kernel `algorithm`, with bias, residual and activation fused.
 
     `x` NCHW, `w` OIHW `(O, C/groups, KH, KW)`, `b` `(O,)` or None;
@@ -481,6 +493,13 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
     (slope `alpha`), "sigmoid", "silu", "hard_sigmoid" / "hard_swish"
     (`clip(alpha * y + beta, 0, 1)`), "gelu", "gelu_tanh". Raises `UnsupportedError` naming why if the algorithm
     cannot run this layer (see `conv2d_support`).
+
+    `into=(buffer, channel0)` writes the output, of one image, straight into
+    channels `[channel0, channel0 + O)` of `buffer` (1, C, OH, OW) and returns
+    the whole buffer, the rest as it was: the branches of a concatenation write
+    their parts in place. The first branch gives the buffer's channel count C
+    instead of a buffer; its other channels are then undefined until the other
+    branches write them. "smm", "grouped" and "winograd" only.
     """
     _check_activation("conv2d", activation)
     _require_float32("conv2d", x=x, w=w, b=b, residual=residual)
@@ -500,29 +519,69 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
     if residual is not None and not algo.residual:
         y = conv2d(x, w, b, algorithm=algorithm, **config)
         return activation_reference(y + residual, activation, alpha, clip, beta)
+    buffer, channel0 = _concat_slot(algorithm, algo, spec, into)
     (pt, pb), (pl, pr) = spec.padding
     attrs = dict(
         conv=np.array([*spec.stride, pt, pb, pl, pr, *spec.dilation, spec.groups], np.int64),
         **_epilogue_attrs(activation, alpha, beta, clip),
     )
-    out = jax.ShapeDtypeStruct(spec.out_shape, jnp.float32)
+    out_shape = spec.out_shape if into is None else (1, _concat_channels(into), *spec.out_shape[2:])
+    out = jax.ShapeDtypeStruct(out_shape, jnp.float32)
     b = jnp.zeros(spec.w_shape[0], jnp.float32) if b is None else b
     with eager_if_known(w):
         weight, extra = algo.prepare(spec, w)
     weight = shared(weight)
+    empty = np.zeros((0,), np.float32)  # no residual, no buffer
+    has_residual, has_buffer = residual is not None, buffer is not None
 
     def kernel(x, w, b, *rest):
-        *res, weight = rest
-        if algo.residual:
-            res = res or [np.zeros((0,), np.float32)]  # an empty buffer: no residual
-        return _call(algo.target, out, x, weight, b, *res, vmap_method="sequential", **attrs, **extra)
+        *arrays, weight = rest
+        res = arrays.pop(0) if has_residual else empty
+        buf = arrays.pop(0) if has_buffer else empty
+        if not algo.residual:
+            return _call(algo.target, out, x, weight, b, vmap_method="sequential", **attrs, **extra)
+        return _call(algo.target, out, x, weight, b, res, buf, vmap_method="sequential",
+                     aliases={4: 0} if has_buffer else None, channel0=np.int64(channel0), **attrs, **extra)
 
-    def reference(x, w, b, *res):
-        return conv2d_reference(x, w, b, **config, activation=activation, alpha=alpha, beta=beta, clip=clip,
-                                residual=res[0] if res else None)
+    def reference(x, w, b, *arrays):
+        arrays = list(arrays)
+        y = conv2d_reference(x, w, b, **config, activation=activation, alpha=alpha, beta=beta, clip=clip,
+                             residual=arrays.pop(0) if has_residual else None)
+        if into is None:
+            return y
+        whole = arrays.pop(0) if has_buffer else jnp.zeros(out_shape, jnp.float32)
+        return lax.dynamic_update_slice_in_dim(whole, y, channel0, axis=1)
 
-    operands = (x, w, b) if residual is None else (x, w, b, residual)
+    operands = (x, w, b, *((residual,) if has_residual else ()), *((buffer,) if has_buffer else ()))
     return _with_reference_vjp(kernel, reference, derived=1)(*operands, weight)
+
+
+def _concat_channels(into) -> int:
+    target, _ = into
+    return int(target) if isinstance(target, (int, np.integer)) else int(jnp.shape(target)[1])
+
+
+def _concat_slot(name: str, algo: ConvAlgorithm, spec: ConvSpec, into) -> tuple[jax.Array | None, int]:
+    """`(buffer or None, channel0)` of `conv2d`'s `into`, checked; channel0 is -1 without it."""
+    if into is None:
+        return None, -1
+    target, channel0 = into
+    channel0 = int(channel0)
+    if not algo.residual:
+        raise ConfigError(f"conv2d: algorithm {name!r} cannot write into a concatenation's buffer; "
+                          "use 'smm', 'grouped' or 'winograd', or concatenate its output")
+    channels, (n, o, oh, ow) = _concat_channels(into), spec.out_shape
+    buffer = None if isinstance(target, (int, np.integer)) else target
+    if buffer is not None:
+        _require_float32("conv2d", into=buffer)
+    wanted = (1, channels, oh, ow)
+    if n != 1 or not 0 <= channel0 <= channels - o or (buffer is not None and jnp.shape(buffer) != wanted):
+        raise ConfigError(
+            f"conv2d: into=(buffer, channel0) needs one image and a (1, C, {oh}, {ow}) buffer holding "
+            f"channels [channel0, channel0 + {o}); got batch {n}, channel0 {channel0}, buffer "
+            f"{jnp.shape(buffer) if buffer is not None else f'of {channels} channels'}"
+        )
+    return buffer, channel0
 
 
 # ----------------------------------------------------------- smm (GEMM) conv
@@ -970,7 +1029,7 @@ LIBRARY_PATH, _UNAVAILABLE = _load_library()
 __all__ = [
     "Pair", "Padding", "LIBRARY_ENV", "activation_reference", "library_candidates",
     "kernel_unavailable", "warn_if_unavailable", "ConvSpec", "ConvAlgorithm",
-    "register_conv_algorithm", "conv2d_reference", "conv2d_support", "conv2d", "gemm_tile",
+    "register_conv_algorithm", "conv2d_reference", "conv2d_support", "conv2d", "conv2d_writes_into", "gemm_tile",
     "smm_pixel_rows", "pack_gemm_weight", "vector_lanes", "dense_reference", "GEMV_ROWS", "dense",
     "matmul_reference", "matmul",
     "max_pool2d_reference", "avg_pool2d_reference", "global_avg_pool2d_reference", "max_pool2d",

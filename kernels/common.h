@@ -504,10 +504,13 @@ inline int64_t window_out(int64_t in, int64_t k, int64_t stride, int64_t lo, int
 }
 
 // The conv's geometry from x, the weight's (O, C/groups, KH, KW), b, the
-// "conv" attribute and y, checked for consistency, and its epilogue.
+// "conv" attribute and y, checked for consistency, and its epilogue. With
+// channel0 >= 0 the conv writes channels [channel0, channel0 + O) of a larger
+// y of one image (a concatenation's buffer; see conv_output).
 inline ffi::Error decode_conv(const F32Buffer& x, const int64_t (&weight)[4], const F32Buffer& b,
                               ffi::Span<const int64_t> attr, F32Result& y, int64_t act,
-                              float alpha, float lo, float hi, ConvShape* s, Epilogue* ep) {
+                              float alpha, float lo, float hi, ConvShape* s, Epilogue* ep,
+                              int64_t channel0 = -1) {
   auto xd = x.dimensions(), yd = y->dimensions();
   if (xd.size() != 4 || yd.size() != 4 || attr.size() != 9)
     return ffi::Error::InvalidArgument("jtile conv: expected NCHW x and y and 9 conv attributes");
@@ -515,7 +518,8 @@ inline ffi::Error decode_conv(const F32Buffer& x, const int64_t (&weight)[4], co
                  attr[0], attr[1], attr[2], attr[3], attr[4], attr[5], attr[6], attr[7], attr[8],
                  yd[2], yd[3]};
   bool ok = s->groups >= 1 && s->c == s->cg * s->groups && s->o % s->groups == 0 &&
-            (int64_t)b.element_count() == s->o && yd[0] == s->n && yd[1] == s->o &&
+            (int64_t)b.element_count() == s->o && yd[0] == s->n &&
+            (channel0 < 0 ? yd[1] == s->o : s->n == 1 && channel0 + s->o <= yd[1]) &&
             s->sh >= 1 && s->sw >= 1 && s->dh >= 1 && s->dw >= 1 &&
             std::min({s->pt, s->pb, s->pl, s->pr}) >= 0 &&
             s->oh == window_out(s->h, s->kh, s->sh, s->pt, s->pb, s->dh) &&
@@ -527,24 +531,35 @@ inline ffi::Error decode_conv(const F32Buffer& x, const int64_t (&weight)[4], co
 // The same with the weight given as an OIHW buffer.
 inline ffi::Error decode_conv(const F32Buffer& x, const F32Buffer& w, const F32Buffer& b,
                               ffi::Span<const int64_t> attr, F32Result& y, int64_t act,
-                              float alpha, float lo, float hi, ConvShape* s, Epilogue* ep) {
+                              float alpha, float lo, float hi, ConvShape* s, Epilogue* ep,
+                              int64_t channel0 = -1) {
   auto wd = w.dimensions();
   if (wd.size() != 4) return ffi::Error::InvalidArgument("jtile conv: expected an OIHW w");
   const int64_t weight[4] = {wd[0], wd[1], wd[2], wd[3]};
-  return decode_conv(x, weight, b, attr, y, act, alpha, lo, hi, s, ep);
+  return decode_conv(x, weight, b, attr, y, act, alpha, lo, hi, s, ep, channel0);
 }
+
+// Where the conv's own (N, O, OH, OW) output starts in y: y itself, or, in a
+// concatenation's buffer (channel0 >= 0, one image), its channel channel0. The
+// rest of such a buffer is left as it is: the other parts of the
+// concatenation write it (the call's y aliases the buffer they wrote).
+inline float* conv_output(const ConvShape& s, F32Result& y, int64_t channel0) {
+  return y->typed_data() + std::max<int64_t>(channel0, 0) * s.oh * s.ow;
+}
+inline int64_t conv_output_size(const ConvShape& s) { return s.n * s.o * s.oh * s.ow; }
 
 // A conv whose weight comes packed in the kernel's own layout: the OIHW
 // geometry is `kernel` ([O, KH, KW]) with C / groups input channels a group.
 inline ffi::Error decode_packed_conv(const char* name, const F32Buffer& x, ffi::Span<const int64_t> kernel,
                                      const F32Buffer& b, ffi::Span<const int64_t> attr, F32Result& y,
-                                     int64_t act, float alpha, float lo, float hi, ConvShape* s, Epilogue* ep) {
+                                     int64_t act, float alpha, float lo, float hi, ConvShape* s, Epilogue* ep,
+                                     int64_t channel0 = -1) {
   auto xd = x.dimensions();
   if (xd.size() != 4 || attr.size() != 9 || attr[8] < 1 || kernel.size() != 3)
     return ffi::Error::InvalidArgument(std::string("jtile ") + name +
                                        ": expected NCHW x, 9 conv attributes (groups >= 1) and [O, KH, KW]");
   const int64_t weight[4] = {kernel[0], xd[1] / attr[8], kernel[1], kernel[2]};
-  return decode_conv(x, weight, b, attr, y, act, alpha, lo, hi, s, ep);
+  return decode_conv(x, weight, b, attr, y, act, alpha, lo, hi, s, ep, channel0);
 }
 
 }  // namespace jtile
@@ -567,8 +582,11 @@ inline ffi::Error decode_packed_conv(const char* name, const F32Buffer& x, ffi::
       .Attr<::xla::ffi::Span<const int64_t>>("conv")                          \
       .JTILE_EPILOGUE_ATTRS                                                   \
       .Ret<::jtile::F32Buffer>()
-// The same with a fourth buffer, the residual (empty for none), and without
-// the result, so that a kernel may bind more attributes before it:
+// The same with a fourth buffer, the residual (empty for none), a fifth, the
+// concatenation buffer the result aliases (empty for none; its contents are
+// not read), the "channel0" attribute (-1, or where in that buffer the conv's
+// channels go: see conv_output), and without the result, so that a kernel may
+// bind more attributes before it:
 //   JTILE_CONV_RESIDUAL_BINDING.Ret<::jtile::F32Buffer>()
 #define JTILE_CONV_RESIDUAL_BINDING                                           \
   ::xla::ffi::Ffi::Bind()                                                     \
@@ -577,5 +595,7 @@ inline ffi::Error decode_packed_conv(const char* name, const F32Buffer& x, ffi::
       .Arg<::jtile::F32Buffer>()                                              \
       .Arg<::jtile::F32Buffer>()                                              \
       .Arg<::jtile::F32Buffer>()                                              \
+      .Arg<::jtile::F32Buffer>()                                              \
       .Attr<::xla::ffi::Span<const int64_t>>("conv")                          \
-      .JTILE_EPILOGUE_ATTRS
+      .JTILE_EPILOGUE_ATTRS                                                   \
+      .Attr<int64_t>("channel0")

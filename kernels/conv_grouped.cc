@@ -123,13 +123,14 @@ RowsFn pick_b(int b) {
   }
 }
 
-ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, F32Buffer res,
+ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, F32Buffer res, F32Buffer,
                        ffi::Span<const int64_t> attr, int64_t act, float alpha, float lo, float hi,
-                       ffi::Span<const int64_t> kernel, int64_t span_groups, F32Result y) {
+                       int64_t channel0, ffi::Span<const int64_t> kernel, int64_t span_groups, F32Result y) {
   auto wd = w.dimensions();
   ConvShape s;
   Epilogue ep;
-  if (auto e = decode_packed_conv("grouped", x, kernel, b, attr, y, act, alpha, lo, hi, &s, &ep); e.failure())
+  if (auto e = decode_packed_conv("grouped", x, kernel, b, attr, y, act, alpha, lo, hi, &s, &ep, channel0);
+      e.failure())
     return e;
   const int64_t taps = s.cg * s.kh * s.kw;
   const bool narrow = span_groups != 0;  // lanes span groups: OIHW weights, kernels/channel_blocks.cc
@@ -141,18 +142,18 @@ ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer
         "jtile grouped: w must be OIHW when vectors span groups, else packed as (groups, blocks, K, W), "
         "W the vector width");
   const bool has_residual = res.element_count() > 0;
-  if (has_residual && res.element_count() != y->element_count())
+  if (has_residual && (int64_t)res.element_count() != conv_output_size(s))
     return ffi::Error::InvalidArgument("jtile grouped: the residual must be empty or have the output's shape");
   if (s.n * s.o * s.oh * s.ow == 0) return ffi::Error::Success();
   if (narrow) {
     conv_channel_blocks(pool, s, x.typed_data(), w.typed_data(), b.typed_data(), ep,
-                        has_residual ? res.typed_data() : nullptr, y->typed_data());
+                        has_residual ? res.typed_data() : nullptr, conv_output(s, y, channel0));
     return ffi::Error::Success();
   }
   const RowsFn compute = p.nv == 2 ? pick_b<2>(p.b) : pick_b<1>(p.b);
   const float *xs = x.typed_data(), *ws = w.typed_data(), *bias = b.typed_data();
   const float* rs = has_residual ? res.typed_data() : nullptr;
-  float* ys = y->typed_data();
+  float* ys = conv_output(s, y, channel0);
   const int64_t plane = s.oh * s.ow, units = p.blocks / p.nv, half = p.band * p.owp * W;
   Workspace scratch(pool, 2);  // per worker: the input rows, the output band
   parallel_for(pool, s.n * s.groups * units * p.bands, [&](int64_t task, int worker) {

@@ -139,13 +139,13 @@ struct Im2col final : Operand {
   }
 };
 
-ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, F32Buffer res,
-                   ffi::Span<const int64_t> attr, int64_t act, float alpha, float lo, float hi,
+ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, F32Buffer res, F32Buffer,
+                   ffi::Span<const int64_t> attr, int64_t act, float alpha, float lo, float hi, int64_t channel0,
                    ffi::Span<const int64_t> kernel, int64_t pixel_rows, F32Result y) {
   auto wd = w.dimensions();
   ConvShape s;
   Epilogue ep;
-  if (auto e = decode_packed_conv("smm", x, kernel, b, attr, y, act, alpha, lo, hi, &s, &ep); e.failure())
+  if (auto e = decode_packed_conv("smm", x, kernel, b, attr, y, act, alpha, lo, hi, &s, &ep, channel0); e.failure())
     return e;
   const int64_t og = s.og(), taps = s.cg * s.kh * s.kw, pixels = s.oh * s.ow;
   const int r = pixel_rows ? GEMM_NR : GEMM_MR;
@@ -153,7 +153,7 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, 
     return ffi::Error::InvalidArgument(
         "jtile smm: the packed w (groups, strips, K, R) does not match the conv and the GEMM tile");
   const bool has_residual = res.element_count() > 0;
-  if (has_residual && res.element_count() != y->element_count())
+  if (has_residual && (int64_t)res.element_count() != conv_output_size(s))
     return ffi::Error::InvalidArgument("jtile smm: the residual must be empty or have the output's shape");
   const bool pointwise = s.kh == 1 && s.kw == 1 && s.sh == 1 && s.sw == 1 &&
                          s.pt + s.pb + s.pl + s.pr == 0;
@@ -164,7 +164,7 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, 
     const int64_t g = i / images, n = i % images;
     const Prepacked wg(w.typed_data() + g * wd[1] * taps * r, taps, r);
     const float* bias = b.typed_data() + g * og;
-    float* yg = y->typed_data() + g * og * pixels;
+    float* yg = conv_output(s, y, channel0) + g * og * pixels;
     const float* rg = has_residual ? res.typed_data() + g * og * pixels : nullptr;
     if (pixel_rows) {
       GemmOutput out{yg, pixels, nullptr, bias, ep, rg, pixels, s.o * pixels};

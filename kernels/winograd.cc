@@ -396,13 +396,13 @@ void transform_output(const Plan& p, const float* m, int64_t b, int64_t p0, int6
   }
 }
 
-ffi::Error ConvWinograd(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, F32Buffer r,
+ffi::Error ConvWinograd(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, F32Buffer r, F32Buffer,
                         ffi::Span<const int64_t> attr, int64_t act, float alpha, float lo,
-                        float hi, F32Result y) {
+                        float hi, int64_t channel0, F32Result y) {
   Plan p;
   ConvShape& s = p.s;
   Epilogue ep;
-  if (auto e = decode_conv(x, w, b, attr, y, act, alpha, lo, hi, &s, &ep); e.failure()) return e;
+  if (auto e = decode_conv(x, w, b, attr, y, act, alpha, lo, hi, &s, &ep, channel0); e.failure()) return e;
   if (s.kh != 3 || s.kw != 3 || s.sh != 1 || s.sw != 1 || s.dh != 1 || s.dw != 1 || s.groups != 1)
     return ffi::Error::InvalidArgument(
         "jtile winograd: needs a 3x3 kernel, stride 1, dilation 1 and groups 1");
@@ -413,12 +413,12 @@ ffi::Error ConvWinograd(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffe
   p.panels = ceil_div(s.o, kMR);
   const int64_t workers = std::max<int64_t>(1, pool.num_threads());
   p.by_block = p.blocks >= 4 * workers || s.c == 0;  // (no input channels: y = act(bias))
-  if (r.element_count() != 0 && r.element_count() != y->element_count())
+  if (r.element_count() != 0 && (int64_t)r.element_count() != conv_output_size(s))
     return ffi::Error::InvalidArgument("jtile winograd: the residual must be empty or have the output's shape");
   const float *xs = x.typed_data(), *ws = w.typed_data(), *bias = b.typed_data();
   p.x = xs, p.w = ws;
   const float* res = r.element_count() ? r.typed_data() : nullptr;
-  float* ys = y->typed_data();
+  float* ys = conv_output(s, y, channel0);
   const int64_t zeros_size = s.w + W;
 
   Workspace scratch(pool, kSlots);

@@ -552,3 +552,89 @@ def test_dense_swap_matches_on_activations_of_any_rank(lead, k, n, torch_layout,
     args = (x,) if folded else (w, x)
     assert _targets(swapped, *args) == ["jtile_dense"]
     np.testing.assert_allclose(jax.jit(swapped)(*args), layer(w, x), rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------ concatenations written in place
+
+
+def _fire(p, x, other=None):
+    """A fire module: squeeze 1x1 -> relu, then expand 1x1 and expand 3x3 (-> relu),
+    concatenated on channels, with `other` (a non-conv part) appended if given."""
+    s = jax.nn.relu(_conv(x, p["squeeze"], padding=0) + p["bs"][:, None, None])
+    parts = [jax.nn.relu(_conv(s, p["e1"], padding=0) + p["b1"][:, None, None]),
+             jax.nn.relu(_conv(s, p["e3"]) + p["b3"][:, None, None])]
+    return jnp.concatenate(parts + ([other(x)] if other else []), axis=1)
+
+
+@pytest.fixture
+def fire(getkey):
+    def normal(shape, scale=0.3):
+        return scale * jax.random.normal(getkey(), shape)
+
+    return {"squeeze": normal((8, 12, 1, 1)), "bs": normal((8,)), "e1": normal((16, 8, 1, 1)),
+            "b1": normal((16,)), "e3": normal((24, 8, 3, 3)), "b3": normal((24,))}
+
+
+def _compiled(fn, *args) -> str:
+    return jax.jit(fn).lower(*args).compile().as_text()
+
+
+@pytest.mark.parametrize("conv3", ["winograd", "smm"])
+def test_concatenated_branches_write_in_place(fire, getkey, tree_allclose, conv3):
+    x = jax.random.normal(getkey(), (1, 12, 13, 13))
+    ref = lambda x: _fire(fire, x)  # noqa: E731
+    f = swap_backend(fuse(ref), algorithms={"conv2d": ["smm", "smm", conv3]})
+    assert tree_allclose(jax.jit(f)(x), ref(x), rtol=RTOL, atol=ATOL)
+    hlo = _compiled(f, x)
+    assert "concatenate(" not in hlo and " copy(" not in hlo
+    assert hlo.count("output_to_operand_aliasing") == 1  # the second branch writes into the first's buffer
+
+
+def test_concatenation_in_place_copies_its_other_parts(fire, getkey, tree_allclose):
+    """A part that is not a conv kernel's (here a max pool on XLA) is copied in."""
+    x = jax.random.normal(getkey(), (1, 12, 13, 13))
+    pool = lambda x: lax.reduce_window(x, -jnp.inf, lax.max, (1, 1, 3, 3), (1, 1, 1, 1), "SAME")  # noqa: E731
+    ref = lambda x: _fire(fire, x, other=pool)  # noqa: E731
+    f = swap_backend(fuse(ref), algorithms={"conv2d": "smm"})
+    assert tree_allclose(jax.jit(f)(x), ref(x), rtol=RTOL, atol=ATOL)
+    hlo = _compiled(f, x)
+    assert "concatenate(" not in hlo and "dynamic-update-slice" in hlo
+
+
+def _fire_branches_read_twice(p, x):
+    s = jax.nn.relu(_conv(x, p["squeeze"], padding=0) + p["bs"][:, None, None])
+    a, b = _conv(s, p["e1"], padding=0), _conv(s, p["e3"])
+    return jnp.concatenate([a, b], axis=1), a, b
+
+
+def _narrow_conv_after_wide_input(p, x):
+    """DenseNet's pattern: the wide part is no conv's, the conv adds few channels."""
+    return jnp.concatenate([x, x, x, _conv(x, p["squeeze"], padding=0)], axis=1)
+
+
+@pytest.mark.parametrize("case", ["batch 2", "branches read twice", "few channels in place", "direct"])
+def test_concatenation_stays_with_xla_where_it_cannot_be_written_in_place(fire, getkey, tree_allclose, case):
+    x = jax.random.normal(getkey(), (2 if case == "batch 2" else 1, 12, 13, 13))
+    model = {"branches read twice": _fire_branches_read_twice,
+             "few channels in place": _narrow_conv_after_wide_input}.get(case, _fire)
+    ref = lambda x: model(fire, x)  # noqa: E731
+    f = swap_backend(fuse(ref), algorithms={"conv2d": "direct" if case == "direct" else "smm"})
+    assert tree_allclose(jax.jit(f)(x), ref(x), rtol=RTOL, atol=ATOL)
+    assert "concatenate(" in _compiled(f, x)
+
+
+def test_gradients_through_a_concatenation_written_in_place(fire, getkey, tree_allclose):
+    x = jax.random.normal(getkey(), (1, 12, 9, 9))
+    loss = lambda p, x: jnp.sum(_fire(p, x) ** 2)  # noqa: E731
+    got = jax.grad(swap_backend(loss, algorithms={"conv2d": "smm"}), argnums=(0, 1))(fire, x)
+    assert tree_allclose(got, jax.grad(loss, argnums=(0, 1))(fire, x), rtol=1e-3, atol=1e-3)
+
+
+def test_analysis_counts_each_part_written_in_place_once(fire, getkey):
+    x = jax.random.normal(getkey(), (1, 12, 13, 13))
+    ref = lambda x: _fire(fire, x)  # noqa: E731
+    swapped = swap_backend(fuse(ref), algorithms={"conv2d": "smm"})
+    got, want = jtile.summary(swapped, x), jtile.summary(fuse(ref), x)
+    assert got.macs_by_category["conv"] == want.macs_by_category["conv"] > 0
+    layers = jtile.graph(swapped, x).described().values()
+    assert [layer.out_channels for layer in layers if layer.kind == "conv2d"] == [8, 16, 24]

@@ -539,3 +539,45 @@ def test_resize_kernel_rejects_taps_outside_the_input():
     taps, weights = np.array([[0], [4]]), np.ones((2, 1))
     with pytest.raises(jtile.ConfigError, match="inside the 4x4 input"):
         kernels.resize2d(x, taps, weights, np.array([[0]]), np.ones((1, 1)))
+
+
+# Convs writing into a concatenation's buffer (`into=`): each part lands in its
+# channels, the others keep what earlier parts wrote.
+@pytest.mark.parametrize("algorithm, size, kernel, groups", [
+    ("smm", 23, 1, 1),        # channel rows, x read in place
+    ("smm", 9, 3, 1),         # pixel rows
+    ("winograd", 14, 3, 1),
+    ("grouped", 11, 3, 4),    # vectors spanning groups
+    ("grouped", 11, 3, 2),    # 16 channels a group: vectors within one
+])
+def test_conv_writes_into_a_concatenation(algorithm, size, kernel, groups):
+    rng = np.random.default_rng(4)
+    x = _normal(rng, (1, 8, size, size))
+    pad = ((kernel // 2,) * 2,) * 2
+    w1, w2 = _normal(rng, (32, 8 // groups, kernel, kernel)), _normal(rng, (12, 8 // groups, kernel, kernel))
+    b1, b2, res = _normal(rng, 32), _normal(rng, 12), _normal(rng, (1, 12, size, size))
+    kw = dict(algorithm=algorithm, padding=pad, groups=groups, activation="relu")
+
+    @jax.jit
+    def both(x):
+        buffer = kernels.conv2d(x, w2, b2, residual=res, into=(50, 36), **kw)
+        return kernels.conv2d(x, w1, b1, into=(buffer, 4), **kw)
+
+    got = np.asarray(both(x))
+    ref = dict(padding=pad, groups=groups, activation="relu")
+    np.testing.assert_allclose(got[:, 4:36], kernels.conv2d_reference(x, w1, b1, **ref), rtol=1e-4, atol=3e-4)
+    np.testing.assert_allclose(got[:, 36:48], kernels.conv2d_reference(x, w2, b2, residual=res, **ref),
+                               rtol=1e-4, atol=3e-4)
+
+
+@pytest.mark.parametrize("algorithm, into, message", [
+    ("direct", (20, 0), "cannot write into"),
+    ("smm", (20, 5), r"channels \[channel0, channel0 \+ 16\)"),
+    ("smm", (np.zeros((1, 20, 6, 6), np.float32), 0), r"\(1, C, 7, 7\) buffer"),
+])
+def test_conv_into_refuses_what_it_cannot_write(algorithm, into, message):
+    x, w = np.zeros((1, 4, 7, 7), np.float32), np.zeros((16, 4, 1, 1), np.float32)
+    with pytest.raises(jtile.ConfigError, match=message):
+        kernels.conv2d(x, w, algorithm=algorithm, into=into)
+    with pytest.raises(jtile.ConfigError, match="one image"):
+        kernels.conv2d(np.zeros((2, 4, 7, 7), np.float32), w, algorithm="smm", into=(16, 0))

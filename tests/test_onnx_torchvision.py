@@ -205,3 +205,19 @@ def test_exported_vit_runs_on_the_dense_and_matmul_kernels(exporter, opset):
     layers = 2  # _tiny_vit: per layer, Q @ K^T and P @ V, and 4 dense (in/out projection, 2 MLP) + the head
     assert targets.count("jtile_matmul") == 2 * layers and targets.count("jtile_dense") == 4 * layers + 1
     assert relative_error(jax.jit(swapped)(x.numpy()), onnxruntime_outputs(data, x.numpy())[0]) < RTOL
+
+
+@pytest.mark.parametrize("name", ["squeezenet1_1", "googlenet"])
+def test_exported_branches_are_concatenated_in_place(name):
+    """SqueezeNet's fire modules and GoogLeNet's inception blocks under
+    `swap_backend`: every concatenation's branches write into its buffer (no
+    concatenate left in the compiled program), and the output still matches
+    ONNX Runtime."""
+    from jtile.algorithms import swap_backend
+    from jtile.fusion import fold_params
+
+    _, x, data = exported(name, "torchscript", 17)
+    imported = jtile.onnx.load(data)
+    swapped = jax.jit(swap_backend(fold_params(imported.fn, imported.params), algorithms="auto"))
+    assert "concatenate(" not in swapped.lower(x.numpy()).compile().as_text()
+    assert relative_error(swapped(x.numpy()), onnxruntime_outputs(data, x.numpy())[0]) < RTOL
