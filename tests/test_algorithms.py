@@ -161,6 +161,29 @@ def test_auto_takes_the_grouped_kernel_for_grouped_convs(getkey, tree_allclose, 
     assert tree_allclose(jax.jit(swapped)(x, w), grouped(x, w), rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("out, kernel, stride, target", [
+    (16, 3, 2, "grouped"),  # MobileNetV3's stem
+    (64, 7, 2, "grouped"),  # ResNet's
+    (64, 11, 4, "grouped"),  # AlexNet's
+    (64, 3, 2, "smm"),  # SqueezeNet's: smm's tiles waste little there
+    (24, 3, 2, "smm"),  # ShuffleNetV2's: not whole vectors
+    (16, 3, 1, "smm"),  # not strided
+])
+def test_auto_runs_image_stems_on_vectors_of_output_channels(getkey, tree_allclose, out, kernel, stride, target):
+    x = jax.random.normal(getkey(), (1, 3, 45, 45))
+    w = jax.random.normal(getkey(), (out, 3, kernel, kernel)) * 0.1
+
+    def stem(x, w):
+        return jax.nn.relu(_conv(x, w, stride=stride, padding=kernel // 2))
+
+    swapped = swap_backend(stem, algorithms="auto")
+    lanes = jtile.kernels.vector_lanes()  # the targets are for AVX-512's 16; AVX2's 8 makes 24 whole vectors
+    whole = out % lanes == 0 and stride >= 2 and (out <= 32 or kernel * kernel >= 49)
+    expected = target if lanes == 16 else ("grouped" if whole else "smm")
+    assert f"jtile_conv_{expected}" in str(jax.make_jaxpr(swapped)(x, w))
+    assert tree_allclose(jax.jit(swapped)(x, w), stem(x, w), rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize("rows, swapped", [(1, True), (8, True), (64, True), (65, False)])
 def test_auto_dense_takes_the_kernel_for_inference_batches(getkey, tree_allclose, rows, swapped):
     x, w = jax.random.normal(getkey(), (rows, 48)), jax.random.normal(getkey(), (24, 48))
