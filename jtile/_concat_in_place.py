@@ -37,8 +37,10 @@ def find_parts(graph: Graph, writes_into) -> dict[int, Part]:
     write into the buffer (swapped, and its output fits)."""
     parts = {}
     for op in graph.ops:
-        out = op.outs[0] if op.outs else None
-        if op.primitive != "concatenate" or op.eqn.params["dimension"] != 1 or len(out.shape) != 4 or out.shape[0] != 1:
+        if op.primitive != "concatenate" or op.eqn.params["dimension"] != 1:
+            continue
+        (out,) = op.outs
+        if len(out.shape) != 4 or out.shape[0] != 1:
             continue
         found, channel0, in_place = {}, 0, 0
         for value in op.ins:
