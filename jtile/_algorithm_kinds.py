@@ -85,10 +85,11 @@ def _conv_support(name: str):
 
 
 def _conv_run(name: str):
-    def run(eqn, x, w, *epilogue_operands, producers, into=None):
+    def run(eqn, x, w, *epilogue_operands, producers, into=None, max_pool=None):
         """`into=(buffer or channels, channel0)`: write into a concatenation's
         buffer (`jtile.kernels.conv2d`), for an NCHW output whose epilogue the
-        kernel fuses (`writes_into`)."""
+        kernel fuses (`writes_into`); `max_pool=` the equation of a max pool to
+        compute in the same call (`pools`), returning its output."""
         lhs_spec, rhs_spec, out_spec = eqn.params["dimension_numbers"]
         geometry = _conv_geometry(eqn)
         del geometry["x_shape"], geometry["w_shape"]
@@ -99,6 +100,7 @@ def _conv_run(name: str):
             y = _kernels().conv2d(
                 _reorder(x, lhs_spec), _reorder(w, rhs_spec), b, algorithm=name, **geometry, **epilogue,
                 **({"into": into} if into is not None else {}),
+                **({"max_pool": _pool_window(max_pool)} if max_pool is not None else {}),
             )
             return _restore(y, out_spec)
 
@@ -115,6 +117,21 @@ def writes_into(eqn, algorithm: str) -> bool:
     out_shape = eqn.outvars[0].aval.shape
     return (_kernels().conv2d_writes_into(algorithm) and tuple(out_spec) == (0, 1, 2, 3)
             and out_shape[0] == 1 and _fused_epilogue(eqn, out_axis=1))
+
+
+def pools(conv, pool, algorithm: str) -> bool:
+    """Whether the conv equation `conv`, run by `algorithm`, can compute the max
+    pool equation `pool` over its output in the same call: an NCHW output, an
+    epilogue the kernel fuses, and a kernel that pools this layer."""
+    out_spec = conv.params["dimension_numbers"][2]
+    if tuple(out_spec) != (0, 1, 2, 3) or not _fused_epilogue(conv, out_axis=1):
+        return False
+    return _kernels().conv2d_max_pool_support(algorithm, **_conv_geometry(conv)) is None
+
+
+def _pool_window(eqn) -> tuple:
+    window = PoolGeometry.of(eqn).fields()
+    return window["kernel_size"], window["stride"], window["padding"]
 
 
 def _single_pixel_support(eqn, layer: Layer) -> str | None:
@@ -390,9 +407,8 @@ def _pool_spec(eqn) -> tuple[int, ...]:
 
 def _pool_run(kernel: str):
     def run(eqn, x, *, producers):
-        window, spec = PoolGeometry.of(eqn).fields(), _pool_spec(eqn)
-        pool = getattr(_kernels(), kernel)
-        y = pool(_reorder(x, spec), window["kernel_size"], window["stride"], window["padding"])
+        spec = _pool_spec(eqn)
+        y = getattr(_kernels(), kernel)(_reorder(x, spec), *_pool_window(eqn))
         return _restore(y, spec)
 
     return run

@@ -14,7 +14,9 @@ The registry maps each layer kind to its algorithms: `algorithm_names(kind)`
 lists them, `register_algorithm` adds one.
 
 Conv branches of a channel concatenation write their parts straight into its
-buffer where their kernels can (`jtile._concat_in_place`).
+buffer where their kernels can (`jtile._concat_in_place`), and a max pool over
+a conv's output is computed in the conv's call where its kernel can
+(`jtile._pool_in_conv`).
 
 !!! warning
 
@@ -36,6 +38,7 @@ from ._errors import ConfigError, UnsupportedError, reject_positional, reject_un
 from ._graph import Graph
 from ._interpreter import bind, transform
 from ._layers import Layer
+from ._pool_in_conv import find_pooled_convs
 from .kernels import warn_if_unavailable
 
 Selector = str | Sequence[str] | Callable[[Layer], str]
@@ -185,6 +188,7 @@ class _Plan:
     dropped: set[int]
     producers: dict
     parts: dict[int, Part] = dataclasses.field(default_factory=dict)  # convs writing into a concatenation
+    pooled: dict = dataclasses.field(default_factory=dict)  # id(conv eqn) -> the max pool it computes
 
 
 def _find_layers(graph: Graph, kinds_wanted):
@@ -222,7 +226,14 @@ def _plan(closed: jcore.ClosedJaxpr, selectors: dict[str, Selector]) -> _Plan:
         algorithm = plan.swaps.get(id(eqn))
         return algorithm is not None and algorithm.kind == "conv2d" and kinds.writes_into(eqn, algorithm.name)
 
+    def pools(conv, pool) -> bool:
+        algorithm = plan.swaps.get(id(conv))
+        return (algorithm is not None and algorithm.kind == "conv2d" and id(pool) in plan.swaps
+                and kinds.pools(conv, pool, algorithm.name))
+
     plan.parts = find_parts(graph, writes_into)
+    plan.pooled = find_pooled_convs(graph, pools)
+    plan.dropped |= {id(pool) for pool in plan.pooled.values()}
     return plan
 
 
@@ -238,6 +249,8 @@ def _rules(plan: _Plan) -> dict:
         if id(eqn) not in plan.swaps:
             out = bind(eqn, *invals)
             return out if eqn.primitive.multiple_results else out[0]
+        if id(eqn) in plan.pooled:  # the pool's equation, dropped, passes this output on
+            return plan.swaps[id(eqn)].run(eqn, *invals, producers=plan.producers, max_pool=plan.pooled[id(eqn)])
         if id(eqn) not in plan.parts:
             return plan.swaps[id(eqn)].run(eqn, *invals, producers=plan.producers)
         part = plan.parts[id(eqn)]

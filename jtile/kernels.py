@@ -356,6 +356,9 @@ class ConvAlgorithm:
     # The handler binds JTILE_CONV_RESIDUAL_BINDING: a residual added before the
     # activation, and a concatenation buffer to write into (`conv2d(into=)`).
     residual: bool = False
+    # Why the handler cannot fuse a max pool after this layer's activation
+    # (`conv2d(max_pool=)`, the "max_pool" attribute), or None; unset: never.
+    max_pool: Callable[[ConvSpec], str | None] | None = None
 
 
 # ------------------------------------------- what a kernel call computes
@@ -410,16 +413,25 @@ def _call_macs(eqn):
 
     layer = (_registry.facet(eqn, "describe"))(eqn)
     per_output = math.prod(layer.kernel_size or ())
-    outputs = out_elements(eqn)
+    outputs, pooling = out_elements(eqn), Counter()
     if layer.kind == "conv2d":
         per_output *= layer.in_channels // layer.groups
         outputs = outputs // layer.out_shape[1] * layer.out_channels  # its own part of a concatenation
+        max_pool = _attribute(eqn, "max_pool")
+        if max_pool is not None and max_pool.size:  # a fused max pool: the conv's own outputs, then the pool
+            pooling["pool"] = outputs * int(max_pool[0] * max_pool[1])
+            outputs = math.prod(_conv_spec_of(layer).out_shape)
     elif layer.kind == "dense":
         per_output = layer.in_channels
     category = {"conv2d": "conv", "dense": "dense"}.get(layer.kind, "pool")
     adds = [v for v in eqn.invars[2:4] if math.prod(v.aval.shape)] if category != "pool" else []
     activation = dict(eqn.params["attributes"] or ()).get("activation")
-    return Counter({category: outputs * per_output}) + epilogue(eqn, len(adds), activation, outputs)
+    return Counter({category: outputs * per_output}) + pooling + epilogue(eqn, len(adds), activation, outputs)
+
+
+def _conv_spec_of(layer) -> ConvSpec:
+    return ConvSpec(tuple(layer.in_shapes[0]), (layer.out_channels, layer.in_channels // layer.groups, *layer.kernel_size),
+                    layer.stride, layer.padding, layer.dilation, layer.groups, np.dtype(np.float32))
 
 
 _CONV_ALGORITHMS: dict[str, ConvAlgorithm] = {}
@@ -427,7 +439,7 @@ _CONV_ALGORITHMS: dict[str, ConvAlgorithm] = {}
 
 def register_conv_algorithm(name: str, target: str, symbol: str,
                             support: Callable[[ConvSpec], str | None], prepare=None,
-                            residual: bool = False) -> None:
+                            residual: bool = False, max_pool=None) -> None:
     """Add a conv algorithm whose handler takes (x, prepared weight, bias[,
     residual]) and the "conv" and epilogue attributes of `JTILE_CONV_BINDING`
     (kernels/common.h); an empty residual buffer means none."""
@@ -435,12 +447,25 @@ def register_conv_algorithm(name: str, target: str, symbol: str,
     _registry.register(f"ffi_call:{target}", describe=_describe_conv_call, macs=_call_macs,
                        weights=(1, 2), activations=(0, 3, 4))
     keep = ConvAlgorithm.prepare if prepare is None else prepare
-    _CONV_ALGORITHMS[name] = ConvAlgorithm(target, support, keep, residual)
+    _CONV_ALGORITHMS[name] = ConvAlgorithm(target, support, keep, residual, max_pool)
 
 
 def conv2d_writes_into(algorithm: str) -> bool:
     """Whether `conv2d(algorithm=...)` takes `into=` (writes into a concatenation's buffer)."""
     return algorithm in _CONV_ALGORITHMS and _CONV_ALGORITHMS[algorithm].residual
+
+
+def conv2d_max_pool_support(algorithm: str, *, x_shape: Sequence[int], w_shape: Sequence[int],
+                            stride: Pair = (1, 1), padding: Padding = ((0, 0), (0, 0)),
+                            dilation: Pair = (1, 1), groups: int = 1) -> str | None:
+    """Why `conv2d(algorithm=..., max_pool=...)` cannot fuse a max pool after
+    this layer, or None."""
+    algo = _CONV_ALGORITHMS.get(algorithm)
+    if algo is None or algo.max_pool is None:
+        return f"algorithm {algorithm!r} does not fuse a max pool; 'grouped' does"
+    spec = ConvSpec(tuple(x_shape), tuple(w_shape), tuple(stride), _padding(padding), tuple(dilation),
+                    int(groups), np.dtype(np.float32))
+    return algo.max_pool(spec)
 
 
 def _any_conv(spec: ConvSpec) -> str | None:
@@ -483,7 +508,8 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
            stride: Pair = (1, 1), padding: Padding = ((0, 0), (0, 0)), dilation: Pair = (1, 1),
            groups: int = 1, activation: str | None = None, alpha: float = 0.0, beta: float = 0.0,
            clip: Sequence[float] = (0.0, 6.0), residual: jax.Array | None = None,
-           into: tuple[jax.Array | int, int] | None = None) -> jax.Array:
+           into: tuple[jax.Array | int, int] | None = None,
+           max_pool: tuple[Pair, Pair, Padding] | None = None) -> jax.Array:
     """2-D convolution by the C kernel `algorithm`, with bias, residual and activation fused.
 
     `x` NCHW, `w` OIHW `(O, C/groups, KH, KW)`, `b` `(O,)` or None;
@@ -500,6 +526,11 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
     their parts in place. The first branch gives the buffer's channel count C
     instead of a buffer; its other channels are then undefined until the other
     branches write them. "smm", "grouped" and "winograd" only.
+
+    `max_pool=(window, stride, padding)` max-pools the activated output in the
+    same call (padding counts as -inf) and returns the pooled output: the image
+    stem's conv, ReLU and pool, with the conv's output never written out.
+    "grouped" only, without `residual` or `into` (see `conv2d_max_pool_support`).
     """
     _check_activation("conv2d", activation)
     _require_float32("conv2d", x=x, w=w, b=b, residual=residual)
@@ -520,12 +551,17 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
         y = conv2d(x, w, b, algorithm=algorithm, **config)
         return activation_reference(y + residual, activation, alpha, clip, beta)
     buffer, channel0 = _concat_slot(algorithm, algo, spec, into)
+    pooled = _fused_pool(algorithm, algo, spec, max_pool, residual is not None or into is not None)
     (pt, pb), (pl, pr) = spec.padding
     attrs = dict(
         conv=np.array([*spec.stride, pt, pb, pl, pr, *spec.dilation, spec.groups], np.int64),
         **_epilogue_attrs(activation, alpha, beta, clip),
+        **({} if algo.max_pool is None else {"max_pool": np.zeros(0, np.int64) if pooled is None
+                                               else _pool_attr(*pooled)}),
     )
     out_shape = spec.out_shape if into is None else (1, _concat_channels(into), *spec.out_shape[2:])
+    if pooled is not None:
+        out_shape = _pool_out_shape("conv2d", jax.ShapeDtypeStruct(out_shape, jnp.float32), *pooled)
     out = jax.ShapeDtypeStruct(out_shape, jnp.float32)
     b = jnp.zeros(spec.w_shape[0], jnp.float32) if b is None else b
     with eager_if_known(w):
@@ -547,6 +583,8 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
         arrays = list(arrays)
         y = conv2d_reference(x, w, b, **config, activation=activation, alpha=alpha, beta=beta, clip=clip,
                              residual=arrays.pop(0) if has_residual else None)
+        if pooled is not None:
+            return max_pool2d_reference(y, *pooled)
         if into is None:
             return y
         whole = arrays.pop(0) if has_buffer else jnp.zeros(out_shape, jnp.float32)
@@ -554,6 +592,21 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
 
     operands = (x, w, b, *((residual,) if has_residual else ()), *((buffer,) if has_buffer else ()))
     return _with_reference_vjp(kernel, reference, derived=1)(*operands, weight)
+
+
+def _fused_pool(name: str, algo: ConvAlgorithm, spec: ConvSpec, max_pool, with_extras: bool):
+    """`conv2d`'s `max_pool` as checked `(window, stride, padding)`, or None."""
+    if max_pool is None:
+        return None
+    reason = "it cannot be fused with residual= or into=" if with_extras else (
+        algo.max_pool(spec) if algo.max_pool is not None else f"algorithm {name!r} does not fuse a max pool")
+    if reason is not None:
+        raise ConfigError(f"conv2d: max_pool={max_pool!r}: {reason}; pool the output with max_pool2d instead")
+    try:
+        window, stride, padding = max_pool
+    except (TypeError, ValueError):
+        raise ConfigError(f"conv2d: max_pool must be (window, stride, padding), got {max_pool!r}") from None
+    return _pool_config(window, stride, padding)
 
 
 def _concat_channels(into) -> int:
@@ -669,14 +722,24 @@ def _grouped_prepare(spec: ConvSpec, w: jax.Array) -> tuple[jax.Array, dict]:
     span several groups: at stride 1 with at most W / 4 output channels a group,
     where that measured 1.4x (ResNeXt-50's 32 groups of 4 at 56x56); with 8 it
     was even, and at stride 2 up to 3x slower (it transposes every input column)."""
-    lanes = vector_lanes()
-    span_groups = spec.w_shape[0] // spec.groups * 4 <= lanes and spec.stride[1] == 1
-    return w if span_groups else pack_gemm_weight(w, spec.groups, lanes), dict(
+    span_groups = _spans_groups(spec)
+    return w if span_groups else pack_gemm_weight(w, spec.groups, vector_lanes()), dict(
         kernel=np.array([spec.w_shape[0], *spec.w_shape[2:]], np.int64), span_groups=np.int64(span_groups))
 
 
+def _spans_groups(spec: ConvSpec) -> bool:
+    return spec.w_shape[0] // spec.groups * 4 <= vector_lanes() and spec.stride[1] == 1
+
+
+def _grouped_max_pool(spec: ConvSpec) -> str | None:
+    if _spans_groups(spec):
+        return (f"its groups of {spec.w_shape[0] // spec.groups} output channels at stride 1 run on vectors "
+                "spanning groups, which do not pool")
+    return None
+
+
 register_conv_algorithm("grouped", "jtile_conv_grouped", "JtileConvGrouped", _any_conv, _grouped_prepare,
-                        residual=True)
+                        residual=True, max_pool=_grouped_max_pool)
 
 # ------------------------------------------------------------- more kernels
 # How to add a kernel:

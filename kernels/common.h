@@ -503,27 +503,49 @@ inline int64_t window_out(int64_t in, int64_t k, int64_t stride, int64_t lo, int
   return (in + lo + hi - dilation * (k - 1) - 1) / stride + 1;
 }
 
-// The conv's geometry from x, the weight's (O, C/groups, KH, KW), b, the
-// "conv" attribute and y, checked for consistency, and its epilogue. With
-// channel0 >= 0 the conv writes channels [channel0, channel0 + O) of a larger
-// y of one image (a concatenation's buffer; see conv_output).
+// A max pool over a conv's activated output, fused into the conv: attribute
+// "max_pool" = [kh, kw, sh, sw, pad_top, pad_bottom, pad_left, pad_right] as
+// the pool kernels' "pool", or empty for none. Padding counts as -inf.
+struct FusedPool {
+  int64_t kh = 0, kw = 0, sh = 1, sw = 1, pt = 0, pb = 0, pl = 0, pr = 0;
+  bool active() const { return kh > 0; }
+  int64_t out_h(int64_t h) const { return active() ? window_out(h, kh, sh, pt, pb) : h; }
+  int64_t out_w(int64_t w) const { return active() ? window_out(w, kw, sw, pl, pr) : w; }
+};
+
+inline ffi::Error decode_fused_pool(ffi::Span<const int64_t> a, FusedPool* p) {
+  if (a.size() == 0) return ffi::Error::Success();
+  if (a.size() != 8 || std::min({a[0], a[1], a[2], a[3]}) < 1 || std::min({a[4], a[5], a[6], a[7]}) < 0)
+    return ffi::Error::InvalidArgument("jtile conv: max_pool must be empty or [kh, kw, sh, sw, pt, pb, pl, pr] "
+                                       "with windows and strides >= 1 and padding >= 0");
+  *p = FusedPool{a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]};
+  return ffi::Error::Success();
+}
+
+// The conv's geometry from x, the weight's (O, C/groups, KH, KW), b and the
+// "conv" attribute, checked against y (the conv's output, or with an active
+// `pool` the pooled output), and its epilogue. With channel0 >= 0 the conv
+// writes channels [channel0, channel0 + O) of a larger y of one image (a
+// concatenation's buffer; see conv_output).
 inline ffi::Error decode_conv(const F32Buffer& x, const int64_t (&weight)[4], const F32Buffer& b,
                               ffi::Span<const int64_t> attr, F32Result& y, int64_t act,
                               float alpha, float lo, float hi, ConvShape* s, Epilogue* ep,
-                              int64_t channel0 = -1) {
+                              int64_t channel0 = -1, const FusedPool& pool = {}) {
   auto xd = x.dimensions(), yd = y->dimensions();
   if (xd.size() != 4 || yd.size() != 4 || attr.size() != 9)
     return ffi::Error::InvalidArgument("jtile conv: expected NCHW x and y and 9 conv attributes");
   *s = ConvShape{xd[0], xd[1], xd[2], xd[3], weight[0], weight[1], weight[2], weight[3],
-                 attr[0], attr[1], attr[2], attr[3], attr[4], attr[5], attr[6], attr[7], attr[8],
-                 yd[2], yd[3]};
+                 attr[0], attr[1], attr[2], attr[3], attr[4], attr[5], attr[6], attr[7], attr[8], 0, 0};
   bool ok = s->groups >= 1 && s->c == s->cg * s->groups && s->o % s->groups == 0 &&
             (int64_t)b.element_count() == s->o && yd[0] == s->n &&
-            (channel0 < 0 ? yd[1] == s->o : s->n == 1 && channel0 + s->o <= yd[1]) &&
+            (channel0 < 0 ? yd[1] == s->o : s->n == 1 && channel0 + s->o <= yd[1] && !pool.active()) &&
             s->sh >= 1 && s->sw >= 1 && s->dh >= 1 && s->dw >= 1 &&
-            std::min({s->pt, s->pb, s->pl, s->pr}) >= 0 &&
-            s->oh == window_out(s->h, s->kh, s->sh, s->pt, s->pb, s->dh) &&
-            s->ow == window_out(s->w, s->kw, s->sw, s->pl, s->pr, s->dw);
+            std::min({s->pt, s->pb, s->pl, s->pr}) >= 0;
+  if (ok) {
+    s->oh = window_out(s->h, s->kh, s->sh, s->pt, s->pb, s->dh);
+    s->ow = window_out(s->w, s->kw, s->sw, s->pl, s->pr, s->dw);
+    ok = s->oh >= 0 && s->ow >= 0 && yd[2] == pool.out_h(s->oh) && yd[3] == pool.out_w(s->ow);
+  }
   if (!ok) return ffi::Error::InvalidArgument("jtile conv: inconsistent shapes or attributes");
   return make_epilogue(act, alpha, lo, hi, ep);
 }
@@ -553,13 +575,13 @@ inline int64_t conv_output_size(const ConvShape& s) { return s.n * s.o * s.oh * 
 inline ffi::Error decode_packed_conv(const char* name, const F32Buffer& x, ffi::Span<const int64_t> kernel,
                                      const F32Buffer& b, ffi::Span<const int64_t> attr, F32Result& y,
                                      int64_t act, float alpha, float lo, float hi, ConvShape* s, Epilogue* ep,
-                                     int64_t channel0 = -1) {
+                                     int64_t channel0 = -1, const FusedPool& pool = {}) {
   auto xd = x.dimensions();
   if (xd.size() != 4 || attr.size() != 9 || attr[8] < 1 || kernel.size() != 3)
     return ffi::Error::InvalidArgument(std::string("jtile ") + name +
                                        ": expected NCHW x, 9 conv attributes (groups >= 1) and [O, KH, KW]");
   const int64_t weight[4] = {kernel[0], xd[1] / attr[8], kernel[1], kernel[2]};
-  return decode_conv(x, weight, b, attr, y, act, alpha, lo, hi, s, ep, channel0);
+  return decode_conv(x, weight, b, attr, y, act, alpha, lo, hi, s, ep, channel0, pool);
 }
 
 }  // namespace jtile

@@ -17,9 +17,18 @@
 // position, is then transposed into the output planes with the residual and
 // the activation (kernels/blocked.h).
 //
+// With a fused max pool (attribute "max_pool", the image stem's: a conv, its
+// activation, then a strided max pool), a task takes a band of pooled rows: it
+// computes the conv rows their windows read (a band's first row may be its
+// neighbour's last, computed twice), applies the activation and pools them in
+// its buffer, W channels a vector, so the conv's output never reaches memory.
+//
 // Every output sums its taps in one order (c, ky, kx) whatever the band or
 // thread split, padding included, so NaN and Inf propagate as in XLA and the
 // result does not depend on the thread count.
+#include <limits>
+#include <utility>
+
 #include "blocked.h"
 
 namespace jtile {
@@ -32,15 +41,28 @@ struct Grouped {
   int b;            // output columns per register block
   int64_t owp;      // output row length rounded up to b
   int64_t cols;     // padded input columns per buffer row
-  int64_t band;     // output rows per task
+  int64_t band;     // conv output rows a task computes at most
+  FusedPool pool;
+  int64_t ph, pw;   // the rows and columns the call stores (pooled or not)
+  int64_t rows;     // of them per task
   int64_t bands;
+
+  // The conv rows stored rows [y0, y1) need.
+  std::pair<int64_t, int64_t> conv_rows(int64_t y0, int64_t y1) const {
+    if (!pool.active()) return {y0, y1};
+    return {std::clamp<int64_t>(y0 * pool.sh - pool.pt, 0, s.oh),
+            std::clamp<int64_t>((y1 - 1) * pool.sh - pool.pt + pool.kh, 0, s.oh)};
+  }
 
   int64_t in_rows(int64_t out_rows) const { return (out_rows - 1) * s.sh + (s.kh - 1) * s.dh + 1; }
 };
 
-Grouped make_grouped(const ConvShape& s, int threads) {
+Grouped make_grouped(const ConvShape& s, const FusedPool& pool, int threads) {
   Grouped p;
   p.s = s;
+  p.pool = pool;
+  p.ph = pool.out_h(s.oh);
+  p.pw = pool.out_w(s.ow);
   p.blocks = ceil_div(s.og(), W);
   p.nv = s.og() % (2 * W) == 0 ? 2 : 1;
   p.b = register_block(s.ow);
@@ -51,7 +73,12 @@ Grouped make_grouped(const ConvShape& s, int threads) {
   const int64_t by_size = std::max<int64_t>(1, (int64_t(32) << 10) / (s.cg * p.cols * s.sh));
   const int64_t by_tasks = ceil_div(s.oh * s.n * s.groups * p.blocks / p.nv, 4 * int64_t(threads));
   p.band = std::clamp<int64_t>(std::min(by_size, std::max<int64_t>(by_tasks, 4)), 1, s.oh);
-  p.bands = ceil_div(s.oh, p.band);
+  p.rows = p.band;
+  if (pool.active()) {  // as many pooled rows as fit in about that many conv rows
+    p.rows = std::clamp<int64_t>((p.band - pool.kh) / pool.sh + 1, 1, std::max<int64_t>(p.ph, 1));
+    p.band = (p.rows - 1) * pool.sh + pool.kh;
+  }
+  p.bands = ceil_div(p.ph, p.rows);
   return p;
 }
 
@@ -112,6 +139,26 @@ void compute_rows(const Grouped& p, const float* buf, int64_t in_rows, const flo
 
 using RowsFn = void (*)(const Grouped&, const float*, int64_t, const float*, const V*, int64_t, float*);
 
+// Conv rows [cy0, cy1) of one block in `out` ((r * owp + ox) * W, bias
+// included) activated in place and max-pooled into rows [y0, y1) of the pooled
+// plane at pooled ((r * pw + ox) * W); taps outside the conv's output are
+// skipped (padding as -inf), NaN propagates.
+void pool_band(const Grouped& p, const Epilogue& ep, int64_t cy0, int64_t cy1, int64_t y0, int64_t y1, float* out,
+               float* pooled) {
+  const FusedPool& q = p.pool;
+  ep.visit([&](auto act) {
+    for (int64_t i = 0; i < (cy1 - cy0) * p.owp; ++i) vstore(out + i * W, act(vload(out + i * W)));
+  });
+  for (int64_t y = y0; y < y1; ++y)
+    for (int64_t x = 0; x < p.pw; ++x) {
+      V m = vset1(-std::numeric_limits<float>::infinity());
+      for (int64_t cy = std::max(y * q.sh - q.pt, cy0); cy < std::min(y * q.sh - q.pt + q.kh, cy1); ++cy)
+        for (int64_t cx = std::max<int64_t>(x * q.sw - q.pl, 0); cx < std::min(x * q.sw - q.pl + q.kw, p.s.ow); ++cx)
+          m = vmax_nan(m, vload(out + ((cy - cy0) * p.owp + cx) * W));
+      vstore(pooled + ((y - y0) * p.pw + x) * W, m);
+    }
+}
+
 template <int NV>
 RowsFn pick_b(int b) {
   switch (b) {
@@ -125,16 +172,21 @@ RowsFn pick_b(int b) {
 
 ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, F32Buffer res, F32Buffer,
                        ffi::Span<const int64_t> attr, int64_t act, float alpha, float lo, float hi,
-                       int64_t channel0, ffi::Span<const int64_t> kernel, int64_t span_groups, F32Result y) {
+                       int64_t channel0, ffi::Span<const int64_t> kernel, int64_t span_groups,
+                       ffi::Span<const int64_t> max_pool, F32Result y) {
   auto wd = w.dimensions();
   ConvShape s;
   Epilogue ep;
-  if (auto e = decode_packed_conv("grouped", x, kernel, b, attr, y, act, alpha, lo, hi, &s, &ep, channel0);
+  FusedPool fused;
+  if (auto e = decode_fused_pool(max_pool, &fused); e.failure()) return e;
+  if (auto e = decode_packed_conv("grouped", x, kernel, b, attr, y, act, alpha, lo, hi, &s, &ep, channel0, fused);
       e.failure())
     return e;
   const int64_t taps = s.cg * s.kh * s.kw;
   const bool narrow = span_groups != 0;  // lanes span groups: OIHW weights, kernels/channel_blocks.cc
-  const Grouped p = make_grouped(s, workers(pool));
+  if (fused.active() && (narrow || res.element_count() > 0))
+    return ffi::Error::InvalidArgument("jtile grouped: a fused max pool takes packed weights and no residual");
+  const Grouped p = make_grouped(s, fused, workers(pool));
   const bool packed_ok = narrow ? wd.size() == 4 && wd[0] == s.o && wd[1] == s.cg && wd[2] == s.kh && wd[3] == s.kw
                                 : wd.size() == 4 && wd[0] == s.groups && wd[1] == p.blocks && wd[2] == taps && wd[3] == W;
   if (!packed_ok)
@@ -154,12 +206,14 @@ ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer
   const float *xs = x.typed_data(), *ws = w.typed_data(), *bias = b.typed_data();
   const float* rs = has_residual ? res.typed_data() : nullptr;
   float* ys = conv_output(s, y, channel0);
-  const int64_t plane = s.oh * s.ow, units = p.blocks / p.nv, half = p.band * p.owp * W;
-  Workspace scratch(pool, 2);  // per worker: the input rows, the output band
+  const int64_t plane = p.ph * p.pw, units = p.blocks / p.nv, half = p.band * p.owp * W;
+  Workspace scratch(pool, 3);  // per worker: the input rows, the output band, the pooled band
   parallel_for(pool, s.n * s.groups * units * p.bands, [&](int64_t task, int worker) {
     const int64_t band = task % p.bands, unit = task / p.bands % units;
     const int64_t g = task / p.bands / units % s.groups, n = task / p.bands / units / s.groups;
-    const int64_t oy0 = band * p.band, oy1 = std::min(s.oh, oy0 + p.band), in_rows = p.in_rows(oy1 - oy0);
+    const int64_t y0 = band * p.rows, y1 = std::min(p.ph, y0 + p.rows);
+    const auto [oy0, oy1] = p.conv_rows(y0, y1);
+    const int64_t in_rows = p.in_rows(oy1 - oy0);
     float* in = scratch.get(worker, 0, s.cg * p.in_rows(p.band) * p.cols);
     float* out = scratch.get(worker, 1, p.nv * half);
     V bv[2];
@@ -174,7 +228,13 @@ ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer
     for (int v = 0; v < p.nv; ++v) {
       const int64_t block = unit * p.nv + v, o0 = g * s.og() + block * W, at = (n * s.o + o0) * plane;
       const int lanes = (int)std::min<int64_t>(W, s.og() - block * W);
-      store_blocked(out + v * half, p.owp, lanes, s.oh, s.ow, oy0, oy1, ep, rs ? rs + at : nullptr, ys + at);
+      if (!p.pool.active()) {
+        store_blocked(out + v * half, p.owp, lanes, s.oh, s.ow, oy0, oy1, ep, rs ? rs + at : nullptr, ys + at);
+        continue;
+      }
+      float* pooled = scratch.get(worker, 2, p.rows * p.pw * W);
+      pool_band(p, ep, oy0, oy1, y0, y1, out + v * half, pooled);
+      store_blocked(pooled, p.pw, lanes, p.ph, p.pw, y0, y1, Epilogue{}, nullptr, ys + at);
     }
   });
   return ffi::Error::Success();
@@ -186,6 +246,7 @@ ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JtileConvGrouped, jtile::ConvGrouped,
                               JTILE_CONV_RESIDUAL_BINDING.Attr<xla::ffi::Span<const int64_t>>("kernel")
                                   .Attr<int64_t>("span_groups")
+                                  .Attr<xla::ffi::Span<const int64_t>>("max_pool")
                                   .Ret<jtile::F32Buffer>());
 
 // The vector width W the packed weights of the channel-blocked kernels use.

@@ -661,3 +661,66 @@ def test_analysis_counts_each_part_written_in_place_once(fire, getkey):
     assert got.macs_by_category["conv"] == want.macs_by_category["conv"] > 0
     layers = jtile.graph(swapped, x).described().values()
     assert [layer.out_channels for layer in layers if layer.kind == "conv2d"] == [8, 16, 24]
+
+
+# ------------------------------------------------ max pools computed inside the conv
+
+
+def _stem(p, x, also_conv=False):
+    """An image stem, conv 7x7 stride 2 -> relu -> max pool 3x3 stride 2, then a 1x1
+    conv; `also_conv` returns the stem conv's output too."""
+    y = jax.nn.relu(_conv(x, p["stem"], stride=2, padding=3) + p["bs"][:, None, None])
+    pooled = lax.reduce_window(y, -jnp.inf, lax.max, (1, 1, 3, 3), (1, 1, 2, 2), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    out = _conv(pooled, p["pw"], padding=0)
+    return (out, y) if also_conv else out
+
+
+@pytest.fixture
+def stem(getkey):
+    return {"stem": 0.2 * jax.random.normal(getkey(), (32, 3, 7, 7)), "bs": jax.random.normal(getkey(), (32,)),
+            "pw": 0.2 * jax.random.normal(getkey(), (16, 32, 1, 1))}
+
+
+@pytest.mark.parametrize("algorithms", ["auto", {"conv2d": "grouped", "maxpool2d": "direct"}])
+def test_stem_max_pool_runs_inside_the_conv(stem, getkey, tree_allclose, algorithms):
+    x = jax.random.normal(getkey(), (2, 3, 37, 37))
+    ref = lambda x: _stem(stem, x)  # noqa: E731
+    f = swap_backend(fuse(ref), algorithms=algorithms)
+    assert tree_allclose(jax.jit(f)(x), ref(x), rtol=RTOL, atol=ATOL)
+    targets = _targets(f, x)
+    assert "jtile_max_pool2d" not in targets and targets[0] == "jtile_conv_grouped"
+    assert "reduce-window" not in _compiled(f, x)
+
+
+@pytest.mark.parametrize("case, algorithms", [
+    ("conv read twice", {"conv2d": "grouped", "maxpool2d": "direct"}),
+    ("pool on XLA", {"conv2d": "grouped", "maxpool2d": "default"}),
+    ("conv on smm", {"conv2d": "smm", "maxpool2d": "direct"}),
+])
+def test_stem_max_pool_stays_a_call_of_its_own_where_it_cannot_fuse(stem, getkey, tree_allclose, case, algorithms):
+    x = jax.random.normal(getkey(), (1, 3, 30, 30))
+    ref = lambda x: _stem(stem, x, also_conv=case == "conv read twice")  # noqa: E731
+    f = swap_backend(fuse(ref), algorithms=algorithms)
+    assert tree_allclose(jax.jit(f)(x), ref(x), rtol=RTOL, atol=ATOL)
+    if case == "pool on XLA":
+        assert "reduce-window" in _compiled(f, x)
+    else:
+        assert "jtile_max_pool2d" in _targets(f, x)
+
+
+def test_gradients_through_a_stem_pooled_in_its_conv(stem, getkey, tree_allclose):
+    x = jax.random.normal(getkey(), (1, 3, 21, 21))
+    loss = lambda p, x: jnp.sum(_stem(p, x) ** 2)  # noqa: E731
+    swapped = swap_backend(fuse(loss), algorithms={"conv2d": "grouped", "maxpool2d": "direct"})
+    assert "jtile_max_pool2d" not in _targets(swapped, stem, x)
+    got = jax.grad(swapped, argnums=(0, 1))(stem, x)
+    assert tree_allclose(got, jax.grad(loss, argnums=(0, 1))(stem, x), rtol=1e-3, atol=1e-3)
+
+
+def test_analysis_counts_the_conv_and_the_pool_of_a_fused_stem(stem, getkey):
+    x = jax.random.normal(getkey(), (1, 3, 37, 37))
+    ref = lambda x: _stem(stem, x)  # noqa: E731
+    swapped = swap_backend(fuse(ref), algorithms={"conv2d": "grouped", "maxpool2d": "direct"})
+    got, want = jtile.summary(swapped, x).macs_by_category, jtile.summary(fuse(ref), x).macs_by_category
+    for category in ("conv", "pool", "activation"):  # a bias-less conv's kernel adds zeros: elementwise differs
+        assert got[category] == want[category] > 0

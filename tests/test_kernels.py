@@ -581,3 +581,39 @@ def test_conv_into_refuses_what_it_cannot_write(algorithm, into, message):
         kernels.conv2d(x, w, algorithm=algorithm, into=into)
     with pytest.raises(jtile.ConfigError, match="one image"):
         kernels.conv2d(np.zeros((2, 4, 7, 7), np.float32), w, algorithm="smm", into=(16, 0))
+
+
+# A conv whose call also max-pools its activated output (`max_pool=`): the
+# image stem's conv, ReLU and pool.
+@pytest.mark.parametrize("n, c, o, size, kernel, stride, groups, pool, activation", [
+    (1, 3, 64, 45, 7, 2, 1, ((3, 3), (2, 2), ((1, 1), (1, 1))), "relu"),      # ResNet's stem, odd size
+    (2, 3, 20, 17, 3, 2, 1, ((2, 2), (2, 2), ((0, 0), (0, 0))), "relu6"),     # a ragged block of lanes
+    (1, 4, 64, 12, 3, 1, 2, ((3, 2), (1, 2), ((1, 0), (0, 1))), "silu"),      # groups, two blocks a task
+    (1, 3, 16, 9, 3, 2, 1, ((5, 5), (3, 3), ((2, 2), (2, 2))), None),         # a window past the whole output
+])
+def test_conv_fuses_its_max_pool(n, c, o, size, kernel, stride, groups, pool, activation):
+    rng = np.random.default_rng(5)
+    x, w, b = _normal(rng, (n, c, size, size)), _normal(rng, (o, c // groups, kernel, kernel)), _normal(rng, o)
+    config = dict(stride=(stride, stride), padding=((kernel // 2,) * 2,) * 2, groups=groups, activation=activation)
+    got = np.asarray(kernels.conv2d(x, w, b, algorithm="grouped", max_pool=pool, **config))
+    want = kernels.max_pool2d_reference(kernels.conv2d_reference(x, w, b, **config), *pool)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=3e-4)
+    # the same bits as the two calls it replaces
+    separate = kernels.max_pool2d(kernels.conv2d(x, w, b, algorithm="grouped", **config), *pool)
+    np.testing.assert_array_equal(got, np.asarray(separate))
+
+
+@pytest.mark.parametrize("algorithm, groups, extra, message", [
+    ("smm", 1, {}, "'smm' does not fuse a max pool"),
+    ("grouped", 8, {}, "spanning groups"),  # 2 output channels a group at stride 1
+    ("grouped", 1, {"residual": np.zeros((1, 16, 7, 7), np.float32)}, "residual= or into="),
+    ("grouped", 1, {"into": (32, 0)}, "residual= or into="),
+    ("grouped", 1, {"max_pool": (3, 2)}, r"must be \(window, stride, padding\)"),
+])
+def test_conv_max_pool_refuses_what_it_cannot_fuse(algorithm, groups, extra, message):
+    x, w = np.zeros((1, 8, 7, 7), np.float32), np.zeros((16, 8 // groups, 3, 3), np.float32)
+    kw = {"max_pool": ((2, 2), (2, 2), ((0, 0), (0, 0))), **extra}
+    with pytest.raises(jtile.ConfigError, match=message):
+        kernels.conv2d(x, w, algorithm=algorithm, groups=groups, padding=((1, 1), (1, 1)), **kw)
+    if algorithm == "smm":
+        assert kernels.conv2d_max_pool_support("smm", x_shape=x.shape, w_shape=w.shape) is not None

@@ -55,7 +55,11 @@ def _conv_case(x_shape, w_shape, algorithm, **config):
             x, w, config.get("stride", (1, 1)), config.get("padding", ((0, 0), (0, 0))),
             rhs_dilation=config.get("dilation", (1, 1)), dimension_numbers=("NCHW", "OIHW", "NCHW"),
             feature_group_count=config.get("groups", 1))
-        return XLA_ACTIVATIONS[config.get("activation")](y + b[None, :, None, None])
+        y = XLA_ACTIVATIONS[config.get("activation")](y + b[None, :, None, None])
+        if "max_pool" in config:
+            window, stride, padding = config["max_pool"]
+            y = lax.reduce_window(y, -jnp.inf, lax.max, (1, 1, *window), (1, 1, *stride), ((0, 0), (0, 0), *padding))
+        return y
 
     return make, kernel, reference
 
@@ -109,6 +113,9 @@ CASES = {
     # Groups of 4 output channels at stride 1: vectors span four groups.
     "conv_grouped_span_groups": _conv_case((2, 32, 15, 13), (64, 2, 3, 3), "grouped", groups=16,
                                            padding=((1, 1), (2, 0)), activation="relu"),
+    # The image stem: conv, activation and max pool in one call, in bands of pooled rows.
+    "conv_grouped_max_pool": _conv_case((2, 3, 29, 26), (32, 3, 5, 5), "grouped", stride=(2, 2),
+                                        padding=((2, 2), (2, 2)), activation="relu", max_pool=tuple(_POOL.values())),
     "conv_grouped_dilated": _conv_case((1, 12, 17, 15), (36, 4, 3, 2), "grouped", groups=3,
                                        dilation=(2, 1), padding=((2, 2), (1, 1))),
     "conv_winograd": _conv_case((2, 6, 13, 18), (5, 6, 3, 3), "winograd", padding=((1, 2), (0, 1))),

@@ -221,3 +221,20 @@ def test_exported_branches_are_concatenated_in_place(name):
     swapped = jax.jit(swap_backend(fold_params(imported.fn, imported.params), algorithms="auto"))
     assert "concatenate(" not in swapped.lower(x.numpy()).compile().as_text()
     assert relative_error(swapped(x.numpy()), onnxruntime_outputs(data, x.numpy())[0]) < RTOL
+
+
+@pytest.mark.parametrize("name", ["resnet18", "googlenet"])
+def test_exported_stem_pools_inside_its_conv(name):
+    """The 7x7 stride-2 stem, its ReLU and its 3x3 stride-2 max pool run as one
+    kernel call under `swap_backend` (no max-pool call left before the first
+    block), and the output still matches ONNX Runtime."""
+    from jtile.algorithms import swap_backend
+    from jtile.fusion import fold_params
+
+    _, x, data = exported(name, "torchscript", 17)
+    imported = jtile.onnx.load(data)
+    swapped = swap_backend(fold_params(imported.fn, imported.params), algorithms="auto")
+    calls = [e.params["target_name"] for e in iter_eqns(jax.make_jaxpr(swapped)(x.numpy()).jaxpr)
+             if e.primitive.name == "ffi_call"]
+    assert calls[0] == "jtile_conv_grouped" and calls[1] != "jtile_max_pool2d"
+    assert relative_error(jax.jit(swapped)(x.numpy()), onnxruntime_outputs(data, x.numpy())[0]) < RTOL
