@@ -12,6 +12,8 @@
 #include <array>
 #include <utility>
 
+#include "blocked.h"
+
 namespace jtile {
 namespace {
 
@@ -150,20 +152,36 @@ Grid plan_grid(int64_t strips_m, int64_t strips_n, int64_t workers, bool b_packe
   return best;
 }
 
-// Writes a task's accumulated block (rows [i0, i0 + rows), columns [j0, j0 + cols),
-// leading dimension ldb in buf) to the transposed output with its epilogue.
+// Writes a task's accumulated block (rows [i0, i0 + rows), columns [j0, j0 +
+// cols), leading dimension ldb in buf) to the transposed output with its
+// epilogue, W rows by W columns at a time, transposed in registers: each
+// column's run of rows (consecutive pixels of one output plane) is one vector
+// store. The sums run in the order of the scalar definition, buf + row bias +
+// column bias + residual.
 void write_transposed(const float* buf, int64_t ldb, int64_t i0, int64_t rows, int64_t j0,
                       int64_t cols, const GemmOutput& out) {
-  for (int64_t i = 0; i < rows; ++i) {
-    const int64_t row = i0 + i;
-    const int64_t at = row / out.block * out.block_stride + row % out.block + j0 * out.ldc;
-    const float rb = out.row_bias ? out.row_bias[row] : 0.0f;
-    for (int64_t j = 0; j < cols; ++j) {
-      const float cb = out.col_bias ? out.col_bias[j0 + j] : 0.0f;
-      const float res = out.residual ? out.residual[at + j * out.ldc] : 0.0f;
-      out.c[at + j * out.ldc] = out.ep(buf[i * ldb + j] + rb + cb + res);
+  out.ep.visit([&](auto act) {
+    for (int64_t i = 0; i < rows;) {
+      const int64_t row = i0 + i;
+      const int n = (int)std::min<int64_t>({W, rows - i, out.block - row % out.block});  // within one block
+      const int64_t at = row / out.block * out.block_stride + row % out.block;
+      auto load = [n](const float* p) { return n == W ? vload(p) : vload_partial(p, n); };
+      const V rb = out.row_bias ? load(out.row_bias + row) : vzero();
+      for (int64_t j = 0; j < cols; j += W) {
+        V r[W];
+        for (int q = 0; q < W; ++q) r[q] = q < n ? vload(buf + (i + q) * ldb + j) : vzero();  // ldb: whole vectors
+        transpose(r);
+        for (int c = 0; c < std::min<int64_t>(W, cols - j); ++c) {
+          const int64_t offset = at + (j0 + j + c) * out.ldc;
+          V x = vadd(vadd(r[c], rb), out.col_bias ? vset1(out.col_bias[j0 + j + c]) : vzero());
+          if (out.residual) x = vadd(x, load(out.residual + offset));
+          x = act(x);
+          if (n == W) vstore(out.c + offset, x); else vstore_partial(out.c + offset, x, n);
+        }
+      }
+      i += n;
     }
-  }
+  });
 }
 
 }  // namespace
