@@ -331,12 +331,13 @@ def _auto_dense(eqn, layer: Layer, producers) -> str:
 # with a folded weight it runs the GEMM on the weight packed at trace time (8
 # rows: 6.3 against 14.2 ms; 64 rows: 19 against 27 ms). At 8 rows VGG-16's
 # classifier took 2.1 s a batch under XLA with traced weights against 0.52 s
-# with the kernel. Larger products are left to XLA: at ViT-B/16's 197 tokens
-# (folded weights, 768->2304, 768->768 as x @ W.T, 768->3072, 3072->768) the
-# kernel was within noise of XLA (best-of-60 ratios 1.02-1.08, medians
-# 0.98-1.16), and the whole model ran at the same speed with every dense layer
-# on the kernel as with XLA (170 ms both, best of 15).
-_GEMM_MAX_ROWS = 64
+# with the kernel. With jax 0.10's XLA (its dots on YNNPACK), looped: 100 rows
+# of 4096->4096 1.13x, ViT-B/16's 197 tokens 768->2304 1.04x, 256 rows of
+# 768->3072 1.04x and of 3072->768 1.00x; past that XLA wins (384 rows 0.97x,
+# 512 0.98x, 1024^3 0.95x, 2048 rows of 512->512 0.92x). ViT-B/16 with its 49
+# dense layers on the kernel, interleaved: 1.026-1.028x (medians of 20 and 40
+# rounds).
+_GEMM_MAX_ROWS = 256
 
 
 # ---------------------------------------------------------------- matmul

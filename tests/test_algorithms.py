@@ -184,7 +184,7 @@ def test_auto_runs_image_stems_on_vectors_of_output_channels(getkey, tree_allclo
     assert tree_allclose(jax.jit(swapped)(x, w), stem(x, w), rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.parametrize("rows, swapped", [(1, True), (8, True), (64, True), (65, False)])
+@pytest.mark.parametrize("rows, swapped", [(1, True), (8, True), (256, True), (257, False)])
 def test_auto_dense_takes_the_kernel_for_inference_batches(getkey, tree_allclose, rows, swapped):
     x, w = jax.random.normal(getkey(), (rows, 48)), jax.random.normal(getkey(), (24, 48))
 
@@ -508,7 +508,7 @@ def test_attention_gradients_through_the_kernels(attention, tree_allclose):
 def test_auto_keeps_xla_for_matmuls_and_long_dense_inputs(attention, getkey):
     params, x = attention
     assert _targets(swap_backend(_attention, algorithms="auto"), params, x) == ["jtile_dense"] * 2
-    long = jax.random.normal(getkey(), (1, 65, HEADS * WIDTH))  # 65 rows: past the GEMM row limit
+    long = jax.random.normal(getkey(), (1, 257, HEADS * WIDTH))  # 257 rows: past the GEMM row limit
     assert _targets(swap_backend(_attention, algorithms="auto"), params, long.transpose(1, 0, 2)) == []
 
 
