@@ -85,11 +85,12 @@ def _conv_support(name: str):
 
 
 def _conv_run(name: str):
-    def run(eqn, x, w, *epilogue_operands, producers, into=None, max_pool=None):
+    def run(eqn, x, w, *epilogue_operands, producers, into=None, max_pool=None, prologue=None):
         """`into=(buffer or channels, channel0)`: write into a concatenation's
         buffer (`jtile.kernels.conv2d`), for an NCHW output whose epilogue the
         kernel fuses (`writes_into`); `max_pool=` the equation of a max pool to
-        compute in the same call (`pools`), returning its output."""
+        compute in the same call (`pools`), returning its output; `prologue=`
+        `(shift, scale, bias, activation)` applied to x first (`takes_prologue`)."""
         lhs_spec, rhs_spec, out_spec = eqn.params["dimension_numbers"]
         geometry = _conv_geometry(eqn)
         del geometry["x_shape"], geometry["w_shape"]
@@ -101,6 +102,7 @@ def _conv_run(name: str):
                 _reorder(x, lhs_spec), _reorder(w, rhs_spec), b, algorithm=name, **geometry, **epilogue,
                 **({"into": into} if into is not None else {}),
                 **({"max_pool": _pool_window(max_pool)} if max_pool is not None else {}),
+                **({"prologue": prologue} if prologue is not None else {}),
             )
             return _restore(y, out_spec)
 
@@ -127,6 +129,14 @@ def pools(conv, pool, algorithm: str) -> bool:
     if tuple(out_spec) != (0, 1, 2, 3) or not _fused_epilogue(conv, out_axis=1):
         return False
     return _kernels().conv2d_max_pool_support(algorithm, **_conv_geometry(conv)) is None
+
+
+def takes_prologue(conv, algorithm: str) -> bool:
+    """Whether the conv equation `conv`, run by `algorithm`, can apply a
+    per-channel prologue to its NCHW input."""
+    lhs_spec = conv.params["dimension_numbers"][0]
+    return (tuple(lhs_spec) == (0, 1, 2, 3)
+            and _kernels().conv2d_prologue_support(algorithm, **_conv_geometry(conv)) is None)
 
 
 def _pool_window(eqn) -> tuple:

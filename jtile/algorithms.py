@@ -16,7 +16,8 @@ lists them, `register_algorithm` adds one.
 Conv branches of a channel concatenation write their parts straight into its
 buffer where their kernels can (`jtile._concat_in_place`), and a max pool over
 a conv's output is computed in the conv's call where its kernel can
-(`jtile._pool_in_conv`).
+(`jtile._pool_in_conv`), as is a per-channel affine chain and ReLU before a
+1x1 conv (`jtile._conv_prologue`).
 
 !!! warning
 
@@ -26,14 +27,17 @@ a conv's output is computed in the conv's call where its kernel can
 """
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
 
 import jax.extend.core as jcore
+import jax.numpy as jnp
 from jax import lax
 
 from . import _algorithm_kinds as kinds
 from . import _measured
 from ._concat_in_place import Part, find_parts
+from ._conv_prologue import Prologue, find_prologues
 from ._errors import ConfigError, UnsupportedError, reject_positional, reject_unknown
 from ._graph import Graph
 from ._interpreter import bind, transform
@@ -189,6 +193,8 @@ class _Plan:
     producers: dict
     parts: dict[int, Part] = dataclasses.field(default_factory=dict)  # convs writing into a concatenation
     pooled: dict = dataclasses.field(default_factory=dict)  # id(conv eqn) -> the max pool it computes
+    prologues: dict[int, Prologue] = dataclasses.field(default_factory=dict)  # id(conv eqn) -> its chain
+    chain: dict = dataclasses.field(default_factory=dict)  # id(chain eqn) -> (id(conv eqn), role, position)
 
 
 def _find_layers(graph: Graph, kinds_wanted):
@@ -231,6 +237,12 @@ def _plan(closed: jcore.ClosedJaxpr, selectors: dict[str, Selector]) -> _Plan:
         return (algorithm is not None and algorithm.kind == "conv2d" and id(pool) in plan.swaps
                 and kinds.pools(conv, pool, algorithm.name))
 
+    def takes_prologue(conv) -> bool:
+        algorithm = plan.swaps.get(id(conv))
+        return algorithm is not None and algorithm.kind == "conv2d" and kinds.takes_prologue(conv, algorithm.name)
+
+    plan.prologues = find_prologues(graph, takes_prologue)
+    plan.chain = {op: (conv, *step) for conv, p in plan.prologues.items() for op, step in p.ops.items()}
     plan.parts = find_parts(graph, writes_into)
     plan.pooled = find_pooled_convs(graph, pools)
     plan.dropped |= {id(pool) for pool in plan.pooled.values()}
@@ -240,27 +252,48 @@ def _plan(closed: jcore.ClosedJaxpr, selectors: dict[str, Selector]) -> _Plan:
 def _rules(plan: _Plan) -> dict:
     concats = {part.concat for part in plan.parts.values()}
     buffers = {}  # id(concatenate eqn) -> the buffer its parts have written so far
+    operands = {}  # id(conv eqn) -> {role: per-channel operand} of its prologue, as the chain runs
 
     def swap(eqn, *invals):
         if id(eqn) in plan.dropped:
             return invals[0]
+        if id(eqn) in plan.chain:  # a prologue's step: pass its data operand on, keep its constant
+            conv, role, pos = plan.chain[id(eqn)]
+            operands.setdefault(conv, {})[role] = invals[pos]
+            return invals[1 - pos]
         if id(eqn) in concats:
             return _assemble(eqn, invals, buffers.pop(id(eqn)), plan)
         if id(eqn) not in plan.swaps:
             out = bind(eqn, *invals)
             return out if eqn.primitive.multiple_results else out[0]
+        run = plan.swaps[id(eqn)].run
+        if id(eqn) in plan.prologues:
+            run = functools.partial(run, prologue=_prologue(eqn, plan.prologues[id(eqn)], operands.pop(id(eqn))))
         if id(eqn) in plan.pooled:  # the pool's equation, dropped, passes this output on
-            return plan.swaps[id(eqn)].run(eqn, *invals, producers=plan.producers, max_pool=plan.pooled[id(eqn)])
+            return run(eqn, *invals, producers=plan.producers, max_pool=plan.pooled[id(eqn)])
         if id(eqn) not in plan.parts:
-            return plan.swaps[id(eqn)].run(eqn, *invals, producers=plan.producers)
+            return run(eqn, *invals, producers=plan.producers)
         part = plan.parts[id(eqn)]
         into = (buffers.get(part.concat, part.channels), part.channel0)
-        whole = buffers[part.concat] = plan.swaps[id(eqn)].run(eqn, *invals, producers=plan.producers, into=into)
+        whole = buffers[part.concat] = run(eqn, *invals, producers=plan.producers, into=into)
         # Its own channels, for the record: only the concatenation reads the
         # part, and it returns the buffer, so XLA drops this slice.
         return lax.slice_in_dim(whole, part.channel0, part.channel0 + eqn.outvars[0].aval.shape[1], axis=1)
 
-    return {name: swap for name in (*kinds.PRIMITIVES, *(("concatenate",) if concats else ()))}
+    steps = ("sub", "mul", "add", "max") if plan.chain else ()
+    return {name: swap for name in (*kinds.PRIMITIVES, *(("concatenate",) if concats else ()), *steps)}
+
+
+def _prologue(eqn, prologue: Prologue, operands: dict) -> tuple:
+    """`(shift, scale, bias, activation)` of `kernels.conv2d(prologue=)`, each
+    `(C,)`, from the chain's per-channel operands (identities for missing steps)."""
+    channels = eqn.invars[0].aval.shape[1]
+
+    def per_channel(role: str, identity: float):
+        value = jnp.asarray(operands.get(role, identity), jnp.float32)
+        return jnp.broadcast_to(value, (1, channels, 1, 1)).reshape(channels)
+
+    return per_channel("sub", 0.0), per_channel("mul", 1.0), per_channel("add", 0.0), prologue.activation
 
 
 def _assemble(eqn, invals, whole, plan: _Plan):

@@ -359,6 +359,9 @@ class ConvAlgorithm:
     # Why the handler cannot fuse a max pool after this layer's activation
     # (`conv2d(max_pool=)`, the "max_pool" attribute), or None; unset: never.
     max_pool: Callable[[ConvSpec], str | None] | None = None
+    # Why the handler cannot apply a per-input-channel prologue to this layer
+    # (`conv2d(prologue=)`, the "prologue" buffer), or None; unset: never.
+    prologue: Callable[[ConvSpec], str | None] | None = None
 
 
 # ------------------------------------------- what a kernel call computes
@@ -426,7 +429,19 @@ def _call_macs(eqn):
     category = {"conv2d": "conv", "dense": "dense"}.get(layer.kind, "pool")
     adds = [v for v in eqn.invars[2:4] if math.prod(v.aval.shape)] if category != "pool" else []
     activation = dict(eqn.params["attributes"] or ()).get("activation")
-    return Counter({category: outputs * per_output}) + pooling + epilogue(eqn, len(adds), activation, outputs)
+    return (Counter({category: outputs * per_output}) + pooling + _prologue_macs(eqn)
+            + epilogue(eqn, len(adds), activation, outputs))
+
+
+def _prologue_macs(eqn) -> Counter:
+    """A conv call's prologue: a subtract, a multiply and an add per input
+    element, and its activation."""
+    from ._macs import epilogue
+
+    if len(eqn.invars) < 6 or not math.prod(eqn.invars[5].aval.shape):
+        return Counter()
+    inputs = math.prod(eqn.invars[0].aval.shape)
+    return epilogue(eqn, 3, int(_attribute(eqn, "prologue_activation")) != 0, inputs)
 
 
 def _conv_spec_of(layer) -> ConvSpec:
@@ -439,15 +454,15 @@ _CONV_ALGORITHMS: dict[str, ConvAlgorithm] = {}
 
 def register_conv_algorithm(name: str, target: str, symbol: str,
                             support: Callable[[ConvSpec], str | None], prepare=None,
-                            residual: bool = False, max_pool=None) -> None:
+                            residual: bool = False, max_pool=None, prologue=None) -> None:
     """Add a conv algorithm whose handler takes (x, prepared weight, bias[,
     residual]) and the "conv" and epilogue attributes of `JTILE_CONV_BINDING`
     (kernels/common.h); an empty residual buffer means none."""
     _TARGETS[target] = symbol
     _registry.register(f"ffi_call:{target}", describe=_describe_conv_call, macs=_call_macs,
-                       weights=(1, 2), activations=(0, 3, 4))
+                       weights=(1, 2, 5), activations=(0, 3, 4))
     keep = ConvAlgorithm.prepare if prepare is None else prepare
-    _CONV_ALGORITHMS[name] = ConvAlgorithm(target, support, keep, residual, max_pool)
+    _CONV_ALGORITHMS[name] = ConvAlgorithm(target, support, keep, residual, max_pool, prologue)
 
 
 def conv2d_writes_into(algorithm: str) -> bool:
@@ -509,7 +524,8 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
            groups: int = 1, activation: str | None = None, alpha: float = 0.0, beta: float = 0.0,
            clip: Sequence[float] = (0.0, 6.0), residual: jax.Array | None = None,
            into: tuple[jax.Array | int, int] | None = None,
-           max_pool: tuple[Pair, Pair, Padding] | None = None) -> jax.Array:
+           max_pool: tuple[Pair, Pair, Padding] | None = None,
+           prologue: tuple[jax.Array, jax.Array, jax.Array, str | None] | None = None) -> jax.Array:
     """2-D convolution by the C kernel `algorithm`, with bias, residual and activation fused.
 
     `x` NCHW, `w` OIHW `(O, C/groups, KH, KW)`, `b` `(O,)` or None;
@@ -531,6 +547,12 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
     same call (padding counts as -inf) and returns the pooled output: the image
     stem's conv, ReLU and pool, with the conv's output never written out.
     "grouped" only, without `residual` or `into` (see `conv2d_max_pool_support`).
+
+    `prologue=(shift, scale, bias, activation)`, each `(C,)`, convolves
+    `activation((x - shift) * scale + bias)` (a folded batch norm and its ReLU,
+    per input channel; activation None, "relu" or "relu6") instead of `x`,
+    applied as the kernel packs x: "smm" on 1x1, stride-1, unpadded convs of
+    one group only (see `conv2d_prologue_support`).
     """
     _check_activation("conv2d", activation)
     _require_float32("conv2d", x=x, w=w, b=b, residual=residual)
@@ -552,12 +574,15 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
         return activation_reference(y + residual, activation, alpha, clip, beta)
     buffer, channel0 = _concat_slot(algorithm, algo, spec, into)
     pooled = _fused_pool(algorithm, algo, spec, max_pool, residual is not None or into is not None)
+    prologue = _checked_prologue(algorithm, algo, spec, prologue)
     (pt, pb), (pl, pr) = spec.padding
     attrs = dict(
         conv=np.array([*spec.stride, pt, pb, pl, pr, *spec.dilation, spec.groups], np.int64),
         **_epilogue_attrs(activation, alpha, beta, clip),
         **({} if algo.max_pool is None else {"max_pool": np.zeros(0, np.int64) if pooled is None
                                                else _pool_attr(*pooled)}),
+        **({} if algo.prologue is None else {
+            "prologue_activation": np.int64(_ACTIVATIONS[prologue[3] if prologue else None])}),
     )
     out_shape = spec.out_shape if into is None else (1, _concat_channels(into), *spec.out_shape[2:])
     if pooled is not None:
@@ -567,8 +592,8 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
     with eager_if_known(w):
         weight, extra = algo.prepare(spec, w)
     weight = shared(weight)
-    empty = np.zeros((0,), np.float32)  # no residual, no buffer
-    has_residual, has_buffer = residual is not None, buffer is not None
+    empty = np.zeros((0,), np.float32)  # no residual, no buffer, no prologue
+    has_residual, has_buffer, has_prologue = residual is not None, buffer is not None, prologue is not None
 
     def kernel(x, w, b, *rest):
         *arrays, weight = rest
@@ -576,11 +601,16 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
         buf = arrays.pop(0) if has_buffer else empty
         if not algo.residual:
             return _call(algo.target, out, x, weight, b, vmap_method="sequential", **attrs, **extra)
-        return _call(algo.target, out, x, weight, b, res, buf, vmap_method="sequential",
+        more = () if algo.prologue is None else (jnp.stack(arrays) if has_prologue else empty,)
+        return _call(algo.target, out, x, weight, b, res, buf, *more, vmap_method="sequential",
                      aliases={4: 0} if has_buffer else None, channel0=np.int64(channel0), **attrs, **extra)
 
     def reference(x, w, b, *arrays):
         arrays = list(arrays)
+        if has_prologue:
+            shift, scale, bias = (a[None, :, None, None] for a in arrays[-3:])
+            x = activation_reference((x - shift) * scale + bias, prologue[3])
+            del arrays[-3:]
         y = conv2d_reference(x, w, b, **config, activation=activation, alpha=alpha, beta=beta, clip=clip,
                              residual=arrays.pop(0) if has_residual else None)
         if pooled is not None:
@@ -590,7 +620,8 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
         whole = arrays.pop(0) if has_buffer else jnp.zeros(out_shape, jnp.float32)
         return lax.dynamic_update_slice_in_dim(whole, y, channel0, axis=1)
 
-    operands = (x, w, b, *((residual,) if has_residual else ()), *((buffer,) if has_buffer else ()))
+    operands = (x, w, b, *((residual,) if has_residual else ()), *((buffer,) if has_buffer else ()),
+                *(prologue[:3] if has_prologue else ()))
     return _with_reference_vjp(kernel, reference, derived=1)(*operands, weight)
 
 
@@ -607,6 +638,37 @@ def _fused_pool(name: str, algo: ConvAlgorithm, spec: ConvSpec, max_pool, with_e
     except (TypeError, ValueError):
         raise ConfigError(f"conv2d: max_pool must be (window, stride, padding), got {max_pool!r}") from None
     return _pool_config(window, stride, padding)
+
+
+def _checked_prologue(name: str, algo: ConvAlgorithm, spec: ConvSpec, prologue):
+    """`conv2d`'s `prologue` as `(shift, scale, bias, activation)`, each array
+    float32 `(C,)`, checked; or None."""
+    if prologue is None:
+        return None
+    reason = algo.prologue(spec) if algo.prologue is not None else f"algorithm {name!r} takes no prologue"
+    if reason is None and (not isinstance(prologue, (tuple, list)) or len(prologue) != 4):
+        reason = "it must be (shift, scale, bias, activation)"
+    if reason is None and prologue[3] not in (None, "relu", "relu6"):
+        reason = f"its activation must be None, 'relu' or 'relu6', got {prologue[3]!r}"
+    channels = spec.x_shape[1]
+    if reason is None and any(jnp.shape(a) != (channels,) for a in prologue[:3]):
+        reason = f"shift, scale and bias must each have shape ({channels},)"
+    if reason is not None:
+        raise ConfigError(f"conv2d: prologue: {reason}; apply it to x before the conv instead")
+    _require_float32("conv2d", shift=prologue[0], scale=prologue[1], bias=prologue[2])
+    return (*(jnp.asarray(a) for a in prologue[:3]), prologue[3])
+
+
+def conv2d_prologue_support(algorithm: str, *, x_shape: Sequence[int], w_shape: Sequence[int],
+                            stride: Pair = (1, 1), padding: Padding = ((0, 0), (0, 0)),
+                            dilation: Pair = (1, 1), groups: int = 1) -> str | None:
+    """Why `conv2d(algorithm=..., prologue=...)` cannot apply a prologue to this layer, or None."""
+    algo = _CONV_ALGORITHMS.get(algorithm)
+    if algo is None or algo.prologue is None:
+        return f"algorithm {algorithm!r} takes no prologue; 'smm' does"
+    spec = ConvSpec(tuple(x_shape), tuple(w_shape), tuple(stride), _padding(padding), tuple(dilation),
+                    int(groups), np.dtype(np.float32))
+    return algo.prologue(spec)
 
 
 def _concat_channels(into) -> int:
@@ -700,7 +762,17 @@ def _smm_prepare(spec: ConvSpec, w: jax.Array) -> tuple[jax.Array, dict]:
 
 
 register_conv_algorithm("direct", "jtile_conv_direct", "JtileConvDirect", _any_conv)
-register_conv_algorithm("smm", "jtile_conv_smm", "JtileConvSmm", _any_conv, _smm_prepare, residual=True)
+def _smm_prologue(spec: ConvSpec) -> str | None:
+    pointwise = spec.w_shape[2:] == (1, 1) and spec.stride == (1, 1) and spec.padding == ((0, 0), (0, 0))
+    if not pointwise or spec.groups != 1 or smm_pixel_rows(spec):
+        return ("a prologue is applied to a 1x1, stride-1, unpadded conv of one group only (x packed as it is "
+                f"read), this layer has a {spec.w_shape[2:]} window, stride {spec.stride}, padding "
+                f"{spec.padding} and {spec.groups} group(s)")
+    return None
+
+
+register_conv_algorithm("smm", "jtile_conv_smm", "JtileConvSmm", _any_conv, _smm_prepare, residual=True,
+                        prologue=_smm_prologue)
 
 # ------------------------------------------------- grouped (channel-blocked) conv
 

@@ -10,7 +10,12 @@
 //   pixels would fill few lanes.
 // The im2col matrix is never materialised: its operand gathers it straight
 // into packed strips. A 1x1, stride-1, unpadded conv in channel rows needs no
-// gathering at all: x itself is the B matrix, read in place.
+// gathering at all: x itself is the B matrix, read in place, unless it has a
+// prologue (the "prologue" buffer, [shift, scale, bias] per input channel, and
+// the "prologue_activation" attribute): then each value is packed as
+// act((x - shift) * scale + bias), the folded batch norm and ReLU that
+// DenseNet applies to every concatenation before its 1x1 conv, so that they
+// cost no pass of their own.
 #include "gemm.h"
 
 namespace jtile {
@@ -139,9 +144,39 @@ struct Im2col final : Operand {
   }
 };
 
+// x of a pointwise conv (K channels x N pixels, row-major) packed with the
+// per-channel prologue, in the order the batch norm computes it.
+struct PrologueColumns final : Operand {
+  const float* x;
+  int64_t ldx;
+  const float *shift, *scale, *bias;
+  Epilogue act;
+  PrologueColumns(const float* x, int64_t ldx, const float* p, int64_t channels, Epilogue act)
+      : x(x), ldx(ldx), shift(p), scale(p + channels), bias(p + 2 * channels), act(act) {}
+
+  void pack(int64_t k0, int64_t kc, int64_t i0, int64_t count, int r, float* dst) const override {
+    act.visit([&](auto f) {
+      for (int64_t s = 0; s < count; s += r, dst += kc * r) {
+        const int64_t cols = std::min<int64_t>(r, count - s);
+        for (int64_t q = 0; q < kc; ++q) {
+          const float* src = x + (k0 + q) * ldx + i0 + s;
+          const V m = vset1(shift[k0 + q]), sc = vset1(scale[k0 + q]), b = vset1(bias[k0 + q]);
+          for (int v = 0; v < r; v += W) {
+            const int lanes = (int)std::clamp<int64_t>(cols - v, 0, W);
+            const V in = lanes == W ? vload(src + v) : vload_partial(src + v, lanes);
+            vstore(dst + q * r + v, f(vadd(vmul(vsub(in, m), sc), b)));
+            if (lanes < W) std::fill(dst + q * r + v + lanes, dst + q * r + v + W, 0.0f);  // columns past the end
+          }
+        }
+      }
+    });
+  }
+};
+
 ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, F32Buffer res, F32Buffer,
                    ffi::Span<const int64_t> attr, int64_t act, float alpha, float lo, float hi, int64_t channel0,
-                   ffi::Span<const int64_t> kernel, int64_t pixel_rows, F32Result y) {
+                   ffi::Span<const int64_t> kernel, int64_t pixel_rows, F32Buffer prologue,
+                   int64_t prologue_activation, F32Result y) {
   auto wd = w.dimensions();
   ConvShape s;
   Epilogue ep;
@@ -157,6 +192,12 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, 
     return ffi::Error::InvalidArgument("jtile smm: the residual must be empty or have the output's shape");
   const bool pointwise = s.kh == 1 && s.kw == 1 && s.sh == 1 && s.sw == 1 &&
                          s.pt + s.pb + s.pl + s.pr == 0;
+  const bool has_prologue = prologue.element_count() > 0;
+  Epilogue prologue_act;
+  if (auto e = make_epilogue(prologue_activation, 0.0f, 0.0f, 6.0f, &prologue_act); e.failure()) return e;
+  if (has_prologue && (!pointwise || pixel_rows || s.groups != 1 || (int64_t)prologue.element_count() != 3 * s.c))
+    return ffi::Error::InvalidArgument(
+        "jtile smm: a prologue needs a pointwise conv in channel rows, one group and 3 x C values");
   // GEMM i: group i / images, and image i % images in channel rows (pixel
   // rows take the whole batch at once).
   const int64_t images = pixel_rows ? 1 : s.n, count = s.groups * images;
@@ -173,7 +214,10 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, 
     }
     const float* xg = x.typed_data() + (n * s.c + g * s.cg) * s.h * s.w;
     GemmOutput out{yg + n * s.o * pixels, pixels, bias, nullptr, ep, rg ? rg + n * s.o * pixels : nullptr};
-    if (pointwise)
+    if (has_prologue)
+      gemm(pool, og, pixels, taps, wg, PrologueColumns(xg, pixels, prologue.typed_data(), s.c, prologue_act), out,
+           serial);
+    else if (pointwise)
       gemm(pool, og, pixels, taps, wg, Columns(xg, pixels), out, serial);
     else
       gemm(pool, og, pixels, taps, wg, Im2col(s, xg), out, serial);
@@ -194,4 +238,6 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JtileConvSmm, jtile::ConvSmm,
                               JTILE_CONV_RESIDUAL_BINDING.Attr<xla::ffi::Span<const int64_t>>("kernel")
                                   .Attr<int64_t>("pixel_rows")
+                                  .Arg<jtile::F32Buffer>()
+                                  .Attr<int64_t>("prologue_activation")
                                   .Ret<jtile::F32Buffer>());

@@ -724,3 +724,85 @@ def test_analysis_counts_the_conv_and_the_pool_of_a_fused_stem(stem, getkey):
     got, want = jtile.summary(swapped, x).macs_by_category, jtile.summary(fuse(ref), x).macs_by_category
     for category in ("conv", "pool", "activation"):  # a bias-less conv's kernel adds zeros: elementwise differs
         assert got[category] == want[category] > 0
+
+
+# ------------------------------------------------ a batch norm and ReLU applied by the 1x1 conv
+
+
+def _dense_layer(p, x, share=False, per_pixel=False):
+    """DenseNet's layer: batch norm (sub, mul, add) -> relu -> 1x1 conv -> relu ->
+    3x3 conv, concatenated to x; `share` also returns the normalised input,
+    `per_pixel` normalises with a (1, 1, H, W) scale."""
+    scale = jnp.ones((1, 1, *x.shape[2:])) * 0.7 if per_pixel else p["scale"]
+    normed = jax.nn.relu((x - p["mean"]) * scale + p["beta"])
+    y = jax.nn.relu(_conv(normed, p["w1"], padding=0) + p["b1"][:, None, None])
+    out = jnp.concatenate([x, _conv(y, p["w3"])], axis=1)
+    return (out, normed) if share else out
+
+
+@pytest.fixture
+def dense_layer(getkey):
+    def normal(shape, scale=0.3):
+        return scale * jax.random.normal(getkey(), shape)
+
+    return {"mean": normal((1, 24, 1, 1)), "scale": 1 + normal((1, 24, 1, 1)), "beta": normal((1, 24, 1, 1)),
+            "w1": normal((32, 24, 1, 1)), "b1": normal((32,)), "w3": normal((8, 32, 3, 3))}
+
+
+def _primitives(fn, *args) -> list[str]:
+    return [e.primitive.name for e in _iter_eqns(jax.make_jaxpr(fn)(*args).jaxpr)]
+
+
+@pytest.mark.parametrize("algorithms", ["auto", {"conv2d": "smm"}])
+def test_batch_norm_and_relu_run_inside_the_pointwise_conv(dense_layer, getkey, tree_allclose, algorithms):
+    x = jax.random.normal(getkey(), (1, 24, 13, 13))
+    ref = lambda x: _dense_layer(dense_layer, x)  # noqa: E731
+    f = swap_backend(fuse(ref), algorithms=algorithms)
+    assert tree_allclose(jax.jit(f)(x), ref(x), rtol=RTOL, atol=ATOL)
+    primitives = _primitives(f, x)
+    assert not {"sub", "mul", "add", "max"} & set(primitives), primitives
+
+
+@pytest.mark.parametrize("case", ["normalised input read twice", "per-pixel scale", "conv on XLA"])
+def test_batch_norm_stays_with_xla_where_the_conv_cannot_take_it(dense_layer, getkey, tree_allclose, case):
+    x = jax.random.normal(getkey(), (1, 24, 11, 11))
+    ref = lambda x: _dense_layer(dense_layer, x, share=case == "normalised input read twice",  # noqa: E731
+                                 per_pixel=case == "per-pixel scale")
+    f = swap_backend(fuse(ref), algorithms={"conv2d": ["default", "smm"] if case == "conv on XLA" else "smm"})
+    assert tree_allclose(jax.jit(f)(x), ref(x), rtol=RTOL, atol=ATOL)
+    # a per-pixel scale ends the chain: the add and ReLU after it still go into the conv
+    assert ("mul" if case == "per-pixel scale" else "max") in _primitives(f, x)
+
+
+def test_gradients_through_a_prologue(dense_layer, getkey, tree_allclose):
+    x = jax.random.normal(getkey(), (1, 24, 9, 9))
+    loss = lambda p, x: jnp.sum(_dense_layer(p, x) ** 2)  # noqa: E731
+    swapped = swap_backend(fuse(loss), algorithms={"conv2d": "smm"})
+    assert "sub" not in _primitives(swapped, dense_layer, x)
+    got = jax.grad(swapped, argnums=(0, 1))(dense_layer, x)
+    assert tree_allclose(got, jax.grad(loss, argnums=(0, 1))(dense_layer, x), rtol=1e-3, atol=1e-3)
+
+
+def test_analysis_counts_the_convs_of_a_layer_with_a_prologue(dense_layer, getkey):
+    x = jax.random.normal(getkey(), (1, 24, 13, 13))
+    ref = lambda x: _dense_layer(dense_layer, x)  # noqa: E731
+    swapped = swap_backend(fuse(ref), algorithms={"conv2d": "smm"})
+    got, want = jtile.summary(swapped, x).macs_by_category, jtile.summary(fuse(ref), x).macs_by_category
+    assert got["conv"] == want["conv"] > 0
+    assert got["activation"] == want["activation"]  # the prologue's ReLU, the conv's ReLU
+    assert got["elementwise"] >= want["elementwise"]  # the batch norm's sub, mul, add (and bias adds)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_squeeze_excitation_scale_runs_inside_the_next_pointwise_conv(dense_layer, getkey, tree_allclose, batch):
+    """x * sigmoid(mean(x)) -> 1x1 conv: one image's scales are one per channel,
+    so the conv applies them; with two images they differ per image and stay."""
+    x = jax.random.normal(getkey(), (batch, 24, 10, 10))
+
+    def block(x):
+        scale = jax.nn.sigmoid(jnp.mean(x, axis=(2, 3), keepdims=True))
+        return _conv(x * scale, dense_layer["w1"], padding=0)
+
+    f = swap_backend(fuse(block), algorithms={"conv2d": "smm"})
+    assert tree_allclose(jax.jit(f)(x), block(x), rtol=RTOL, atol=ATOL)
+    assert ("mul" in _primitives(f, x)) == (batch == 2)

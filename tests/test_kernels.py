@@ -617,3 +617,35 @@ def test_conv_max_pool_refuses_what_it_cannot_fuse(algorithm, groups, extra, mes
         kernels.conv2d(x, w, algorithm=algorithm, groups=groups, padding=((1, 1), (1, 1)), **kw)
     if algorithm == "smm":
         assert kernels.conv2d_max_pool_support("smm", x_shape=x.shape, w_shape=w.shape) is not None
+
+
+# A 1x1 conv that applies a per-input-channel prologue, act((x - shift) * scale
+# + bias), as it packs x (DenseNet's batch norm and ReLU before each 1x1 conv).
+@pytest.mark.parametrize("n, c, o, size, activation", [
+    (1, 40, 24, 7, "relu"),      # 49 pixels: a ragged strip of columns
+    (2, 300, 16, 9, None),       # two images, K past one K block
+    (1, 24, 40, 12, "relu6"),
+])
+def test_pointwise_conv_applies_its_prologue(n, c, o, size, activation):
+    rng = np.random.default_rng(6)
+    x, w, b = _normal(rng, (n, c, size, size)), _normal(rng, (o, c, 1, 1)), _normal(rng, o)
+    shift, scale, bias = _normal(rng, c), _normal(rng, c), _normal(rng, c)
+    got = kernels.conv2d(x, w, b, algorithm="smm", activation="relu", prologue=(shift, scale, bias, activation))
+    normed = kernels.activation_reference((x - shift[:, None, None]) * scale[:, None, None] + bias[:, None, None],
+                                          activation)
+    want = kernels.conv2d_reference(normed, w, b, activation="relu")
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=3e-4)
+
+
+@pytest.mark.parametrize("algorithm, w_shape, groups, prologue, message", [
+    ("grouped", (16, 8, 1, 1), 1, None, "'grouped' takes no prologue"),
+    ("smm", (16, 8, 3, 3), 1, None, r"a prologue is applied to a 1x1"),
+    ("smm", (16, 4, 1, 1), 2, None, r"2 group\(s\)"),
+    ("smm", (16, 8, 1, 1), 1, (np.zeros(7, np.float32),) * 3 + ("relu",), r"each have shape \(8,\)"),
+    ("smm", (16, 8, 1, 1), 1, (np.zeros(8, np.float32),) * 3 + ("gelu",), "must be None, 'relu' or 'relu6'"),
+])
+def test_conv_prologue_refuses_what_it_cannot_apply(algorithm, w_shape, groups, prologue, message):
+    x, w = np.zeros((1, 8, 7, 7), np.float32), np.zeros(w_shape, np.float32)
+    prologue = prologue or (np.zeros(8, np.float32), np.ones(8, np.float32), np.zeros(8, np.float32), "relu")
+    with pytest.raises(jtile.ConfigError, match=message):
+        kernels.conv2d(x, w, algorithm=algorithm, groups=groups, prologue=prologue)

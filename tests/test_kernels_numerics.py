@@ -85,6 +85,24 @@ def _pool_case(x_shape, kernel, reference):
 
 _POOL = dict(window=(3, 3), stride=(2, 2), padding=((1, 1), (0, 1)))
 
+def _prologue_case(x_shape, o):
+    """A 1x1 smm conv applying a batch norm and ReLU to x as it packs it."""
+    c = x_shape[1]
+
+    def make(rng):
+        return _normal(rng, x_shape), _normal(rng, (o, c, 1, 1)), _normal(rng, (3, c))
+
+    def kernel(x, w, p):
+        return kernels.conv2d(x, w, algorithm="smm", prologue=(*p, "relu"))
+
+    def reference(x, w, p):
+        shift, scale, bias = (v[None, :, None, None] for v in p)
+        y = jax.nn.relu((x - shift) * scale + bias)
+        return lax.conv_general_dilated(y, w, (1, 1), "VALID", dimension_numbers=("NCHW", "OIHW", "NCHW"))
+
+    return make, kernel, reference
+
+
 # name -> (make inputs from a numpy Generator, kernel, XLA's op). The first
 # input is the activation that gets the non-finite values. Shapes are large
 # enough that every kernel splits its work into several tasks.
@@ -118,6 +136,7 @@ CASES = {
                                         padding=((2, 2), (2, 2)), activation="relu", max_pool=tuple(_POOL.values())),
     "conv_grouped_dilated": _conv_case((1, 12, 17, 15), (36, 4, 3, 2), "grouped", groups=3,
                                        dilation=(2, 1), padding=((2, 2), (1, 1))),
+    "conv_smm_prologue": _prologue_case((2, 20, 9, 11), 24),
     "conv_winograd": _conv_case((2, 6, 13, 18), (5, 6, 3, 3), "winograd", padding=((1, 2), (0, 1))),
     "conv_winograd_panels": _conv_case((1, 16, 56, 56), (16, 16, 3, 3), "winograd",
                                        padding=((1, 1), (1, 1)), activation="relu"),

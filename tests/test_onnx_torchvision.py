@@ -238,3 +238,24 @@ def test_exported_stem_pools_inside_its_conv(name):
              if e.primitive.name == "ffi_call"]
     assert calls[0] == "jtile_conv_grouped" and calls[1] != "jtile_max_pool2d"
     assert relative_error(jax.jit(swapped)(x.numpy()), onnxruntime_outputs(data, x.numpy())[0]) < RTOL
+
+
+@pytest.mark.parametrize("name, prologues", [
+    ("densenet121", 6 + 12 + 24 + 16 + 3),  # every dense layer's and transition's batch norm and ReLU
+    ("efficientnet_b0", 16),                 # every squeeze-excitation block's scale
+])
+def test_exported_pointwise_convs_apply_the_ops_before_them(name, prologues):
+    """DenseNet's batch norm and ReLU before each 1x1 conv, and EfficientNet's
+    squeeze-excitation scale before each block's projection, run inside the
+    conv's call under `swap_backend` (x packed through them), and the output
+    still matches ONNX Runtime."""
+    from jtile.algorithms import swap_backend
+    from jtile.fusion import fold_params
+
+    _, x, data = exported(name, "torchscript", 17)
+    imported = jtile.onnx.load(data)
+    swapped = swap_backend(fold_params(imported.fn, imported.params), algorithms="auto")
+    calls = [e for e in iter_eqns(jax.make_jaxpr(swapped)(x.numpy()).jaxpr)
+             if e.primitive.name == "ffi_call" and e.params["target_name"] == "jtile_conv_smm"]
+    assert sum(np.prod(e.invars[5].aval.shape) > 0 for e in calls) == prologues
+    assert relative_error(jax.jit(swapped)(x.numpy()), onnxruntime_outputs(data, x.numpy())[0]) < RTOL
