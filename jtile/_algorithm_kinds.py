@@ -139,6 +139,19 @@ def takes_prologue(conv, algorithm: str) -> bool:
             and _kernels().conv2d_prologue_support(algorithm, **_conv_geometry(conv)) is None)
 
 
+def linear_pointwise(conv) -> bool:
+    """Whether the conv equation `conv` is a 1x1, stride-1, unpadded NCHW conv
+    whose output is linear in its input per pixel (a per-channel bias at most,
+    no activation or residual), so that it commutes with an average pool."""
+    g = ConvGeometry.of(conv)
+    if (g.lhs_spec, g.out_spec) != ((0, 1, 2, 3),) * 2 or g.window != (1, 1) or g.stride != (1, 1):
+        return False
+    if any(lo or hi for lo, hi in g.padding) or any(d != 1 for d in (*g.dilation, *g.lhs_dilation)):
+        return False
+    return conv.primitive.name == "conv_general_dilated" or (
+        conv.params["activation"] == () and len(conv.invars) == 3 and _fused_epilogue(conv, out_axis=1))
+
+
 def _pool_window(eqn) -> tuple:
     window = PoolGeometry.of(eqn).fields()
     return window["kernel_size"], window["stride"], window["padding"]

@@ -17,7 +17,8 @@ Conv branches of a channel concatenation write their parts straight into its
 buffer where their kernels can (`jtile._concat_in_place`), and a max pool over
 a conv's output is computed in the conv's call where its kernel can
 (`jtile._pool_in_conv`), as is a per-channel affine chain and ReLU before a
-1x1 conv (`jtile._conv_prologue`).
+1x1 conv (`jtile._conv_prologue`); an average pool after a linear 1x1 conv
+runs before it, on the conv's input (`jtile._pool_before_conv`).
 
 !!! warning
 
@@ -28,6 +29,7 @@ a conv's output is computed in the conv's call where its kernel can
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Mapping, Sequence
 
 import jax.extend.core as jcore
@@ -42,6 +44,7 @@ from ._errors import ConfigError, UnsupportedError, reject_positional, reject_un
 from ._graph import Graph
 from ._interpreter import bind, transform
 from ._layers import Layer
+from ._pool_before_conv import find_pools_first
 from ._pool_in_conv import find_pooled_convs
 from .kernels import warn_if_unavailable
 
@@ -195,6 +198,7 @@ class _Plan:
     pooled: dict = dataclasses.field(default_factory=dict)  # id(conv eqn) -> the max pool it computes
     prologues: dict[int, Prologue] = dataclasses.field(default_factory=dict)  # id(conv eqn) -> its chain
     chain: dict = dataclasses.field(default_factory=dict)  # id(chain eqn) -> (id(conv eqn), role, position)
+    pools_first: dict = dataclasses.field(default_factory=dict)  # id(conv eqn) -> the sum pool run before it
 
 
 def _find_layers(graph: Graph, kinds_wanted):
@@ -237,9 +241,18 @@ def _plan(closed: jcore.ClosedJaxpr, selectors: dict[str, Selector]) -> _Plan:
         return (algorithm is not None and algorithm.kind == "conv2d" and id(pool) in plan.swaps
                 and kinds.pools(conv, pool, algorithm.name))
 
-    def takes_prologue(conv) -> bool:
-        algorithm = plan.swaps.get(id(conv))
-        return algorithm is not None and algorithm.kind == "conv2d" and kinds.takes_prologue(conv, algorithm.name)
+    def swapped_conv(eqn) -> bool:
+        algorithm = plan.swaps.get(id(eqn))
+        return algorithm is not None and algorithm.kind == "conv2d"
+
+    plan.pools_first = find_pools_first(graph, avg_pools,
+                                        lambda conv: swapped_conv(conv) and kinds.linear_pointwise(conv))
+    for pool in plan.pools_first.values():
+        plan.dropped |= {id(pool), avg_pools[id(pool)]}
+
+    def takes_prologue(conv) -> bool:  # (an input pooled first is not the chain's output any more)
+        return (swapped_conv(conv) and id(conv) not in plan.pools_first
+                and kinds.takes_prologue(conv, plan.swaps[id(conv)].name))
 
     plan.prologues = find_prologues(graph, takes_prologue)
     plan.chain = {op: (conv, *step) for conv, p in plan.prologues.items() for op, step in p.ops.items()}
@@ -267,6 +280,8 @@ def _rules(plan: _Plan) -> dict:
             out = bind(eqn, *invals)
             return out if eqn.primitive.multiple_results else out[0]
         run = plan.swaps[id(eqn)].run
+        if id(eqn) in plan.pools_first:  # the pool's sum and division, dropped, pass this output on
+            return run(eqn, _average(plan, plan.pools_first[id(eqn)], invals[0]), *invals[1:], producers=plan.producers)
         if id(eqn) in plan.prologues:
             run = functools.partial(run, prologue=_prologue(eqn, plan.prologues[id(eqn)], operands.pop(id(eqn))))
         if id(eqn) in plan.pooled:  # the pool's equation, dropped, passes this output on
@@ -282,6 +297,14 @@ def _rules(plan: _Plan) -> dict:
 
     steps = ("sub", "mul", "add", "max") if plan.chain else ()
     return {name: swap for name in (*kinds.PRIMITIVES, *(("concatenate",) if concats else ()), *steps)}
+
+
+def _average(plan: _Plan, pool, x):
+    """The average pool whose sum is the equation `pool`, of `x`: by the pool's
+    own algorithm (its kernel, if swapped)."""
+    if id(pool) in plan.swaps:
+        return plan.swaps[id(pool)].run(pool, x, producers=plan.producers)
+    return bind(pool, x)[0] / math.prod(pool.params["window_dimensions"])
 
 
 def _prologue(eqn, prologue: Prologue, operands: dict) -> tuple:

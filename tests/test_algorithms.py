@@ -806,3 +806,50 @@ def test_squeeze_excitation_scale_runs_inside_the_next_pointwise_conv(dense_laye
     f = swap_backend(fuse(block), algorithms={"conv2d": "smm"})
     assert tree_allclose(jax.jit(f)(x), block(x), rtol=RTOL, atol=ATOL)
     assert ("mul" in _primitives(f, x)) == (batch == 2)
+
+
+# ------------------------------------------------ an average pool run before the linear 1x1 conv
+
+
+def _transition(p, x, relu_after=False, padding=0, share=False):
+    """DenseNet's transition: batch norm -> relu -> 1x1 conv (+ bias) -> 2x2 average pool."""
+    y = _conv(jax.nn.relu((x - p["mean"]) * p["scale"] + p["beta"]), p["w1"], padding=0) + p["b1"][:, None, None]
+    y = jax.nn.relu(y) if relu_after else y
+    pads = ((0, 0), (0, 0), (padding, padding), (padding, padding))
+    pooled = lax.reduce_window(y, 0.0, lax.add, (1, 1, 2, 2), (1, 1, 2, 2), pads) / 4
+    return (pooled, y) if share else pooled
+
+
+def _conv_inputs(fn, *args) -> list[tuple[int, ...]]:
+    return [e.invars[0].aval.shape for e in _iter_eqns(jax.make_jaxpr(fn)(*args).jaxpr)
+            if e.primitive.name == "ffi_call" and e.params["target_name"].startswith("jtile_conv")]
+
+
+@pytest.mark.parametrize("algorithms", ["auto", {"conv2d": "smm", "avgpool2d": "default"}])
+def test_average_pool_runs_before_the_linear_pointwise_conv(dense_layer, getkey, tree_allclose, algorithms):
+    x = jax.random.normal(getkey(), (1, 24, 14, 12))
+    ref = lambda x: _transition(dense_layer, x)  # noqa: E731
+    f = swap_backend(fuse(ref), algorithms=algorithms)
+    assert tree_allclose(jax.jit(f)(x), ref(x), rtol=RTOL, atol=ATOL)
+    assert _conv_inputs(f, x) == [(1, 24, 7, 6)]  # the conv reads the pooled image
+    got, want = jtile.summary(f, x).macs_by_category, jtile.summary(fuse(ref), x).macs_by_category
+    assert 4 * got["conv"] == want["conv"]
+
+
+@pytest.mark.parametrize("case", ["relu after the conv", "padded pool", "conv output read twice", "conv on XLA"])
+def test_average_pool_stays_after_a_conv_it_does_not_commute_with(dense_layer, getkey, tree_allclose, case):
+    x = jax.random.normal(getkey(), (1, 24, 10, 10))
+    ref = lambda x: _transition(dense_layer, x, relu_after=case == "relu after the conv",  # noqa: E731
+                                padding=1 if case == "padded pool" else 0, share=case == "conv output read twice")
+    f = swap_backend(fuse(ref), algorithms={"conv2d": "default" if case == "conv on XLA" else "smm"})
+    assert tree_allclose(jax.jit(f)(x), ref(x), rtol=RTOL, atol=ATOL)
+    assert all(shape == (1, 24, 10, 10) for shape in _conv_inputs(f, x))
+
+
+def test_gradients_through_a_pool_moved_before_its_conv(dense_layer, getkey, tree_allclose):
+    x = jax.random.normal(getkey(), (1, 24, 8, 8))
+    loss = lambda p, x: jnp.sum(_transition(p, x) ** 2)  # noqa: E731
+    swapped = swap_backend(fuse(loss), algorithms={"conv2d": "smm"})
+    assert _conv_inputs(swapped, dense_layer, x) == [(1, 24, 4, 4)]
+    got = jax.grad(swapped, argnums=(0, 1))(dense_layer, x)
+    assert tree_allclose(got, jax.grad(loss, argnums=(0, 1))(dense_layer, x), rtol=1e-3, atol=1e-3)

@@ -240,22 +240,25 @@ def test_exported_stem_pools_inside_its_conv(name):
     assert relative_error(jax.jit(swapped)(x.numpy()), onnxruntime_outputs(data, x.numpy())[0]) < RTOL
 
 
-@pytest.mark.parametrize("name, prologues", [
-    ("densenet121", 6 + 12 + 24 + 16 + 3),  # every dense layer's and transition's batch norm and ReLU
-    ("efficientnet_b0", 16),                 # every squeeze-excitation block's scale
+@pytest.mark.parametrize("name, prologues, pooled_first", [
+    ("densenet121", 6 + 12 + 24 + 16, [256, 512, 1024]),  # the dense layers' batch norms; the transitions
+    ("efficientnet_b0", 16, []),                           # every squeeze-excitation block's scale
 ])
-def test_exported_pointwise_convs_apply_the_ops_before_them(name, prologues):
-    """DenseNet's batch norm and ReLU before each 1x1 conv, and EfficientNet's
-    squeeze-excitation scale before each block's projection, run inside the
-    conv's call under `swap_backend` (x packed through them), and the output
-    still matches ONNX Runtime."""
+def test_exported_pointwise_convs_take_the_ops_around_them(name, prologues, pooled_first):
+    """DenseNet's batch norm and ReLU before each dense layer's 1x1 conv, and
+    EfficientNet's squeeze-excitation scale before each block's projection, run
+    inside the conv's call under `swap_backend` (x packed through them);
+    DenseNet's transitions average-pool before their 1x1 conv. The output still
+    matches ONNX Runtime."""
     from jtile.algorithms import swap_backend
     from jtile.fusion import fold_params
 
     _, x, data = exported(name, "torchscript", 17)
     imported = jtile.onnx.load(data)
     swapped = swap_backend(fold_params(imported.fn, imported.params), algorithms="auto")
-    calls = [e for e in iter_eqns(jax.make_jaxpr(swapped)(x.numpy()).jaxpr)
-             if e.primitive.name == "ffi_call" and e.params["target_name"] == "jtile_conv_smm"]
+    kernels = [e for e in iter_eqns(jax.make_jaxpr(swapped)(x.numpy()).jaxpr) if e.primitive.name == "ffi_call"]
+    calls = [e for e in kernels if e.params["target_name"] == "jtile_conv_smm"]
     assert sum(np.prod(e.invars[5].aval.shape) > 0 for e in calls) == prologues
+    pooled = [e.invars[0].aval.shape[1] for e in kernels if e.params["target_name"] == "jtile_avg_pool2d"]
+    assert pooled == pooled_first  # the transitions pool their 256, 512, 1024 input channels, not the conv's half
     assert relative_error(jax.jit(swapped)(x.numpy()), onnxruntime_outputs(data, x.numpy())[0]) < RTOL
