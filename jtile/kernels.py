@@ -471,17 +471,33 @@ def conv2d_writes_into(algorithm: str) -> bool:
     return algorithm in _CONV_ALGORITHMS and _CONV_ALGORITHMS[algorithm].residual
 
 
-def conv2d_max_pool_support(algorithm: str, *, x_shape: Sequence[int], w_shape: Sequence[int],
-                            stride: Pair = (1, 1), padding: Padding = ((0, 0), (0, 0)),
-                            dilation: Pair = (1, 1), groups: int = 1) -> str | None:
+def conv2d_max_pool_support(algorithm: str, **geometry) -> str | None:
     """Why `conv2d(algorithm=..., max_pool=...)` cannot fuse a max pool after
-    this layer, or None."""
-    algo = _CONV_ALGORITHMS.get(algorithm)
-    if algo is None or algo.max_pool is None:
-        return f"algorithm {algorithm!r} does not fuse a max pool; 'grouped' does"
-    spec = ConvSpec(tuple(x_shape), tuple(w_shape), tuple(stride), _padding(padding), tuple(dilation),
-                    int(groups), np.dtype(np.float32))
-    return algo.max_pool(spec)
+    this layer, or None; the layer as `conv2d_support` takes it (`x_shape`,
+    `w_shape`, and `stride`, `padding`, `dilation`, `groups` where not 1 or 0)."""
+    return _extra_support(algorithm, "max_pool", _geometry_spec(**geometry))
+
+
+def conv2d_prologue_support(algorithm: str, **geometry) -> str | None:
+    """Why `conv2d(algorithm=..., prologue=...)` cannot apply a prologue to
+    this layer, or None; the layer as for `conv2d_max_pool_support`."""
+    return _extra_support(algorithm, "prologue", _geometry_spec(**geometry))
+
+
+def _geometry_spec(x_shape: Sequence[int], w_shape: Sequence[int], stride: Pair = (1, 1),
+                   padding: Padding = ((0, 0), (0, 0)), dilation: Pair = (1, 1), groups: int = 1,
+                   dtype=np.float32) -> ConvSpec:
+    return ConvSpec(tuple(x_shape), tuple(w_shape), tuple(stride), _padding(padding), tuple(dilation), int(groups),
+                    np.dtype(dtype))
+
+
+def _extra_support(algorithm: str, extra: str, spec: ConvSpec) -> str | None:
+    """Why `algorithm` cannot take `conv2d`'s `extra` argument for `spec`, or None."""
+    check = getattr(_CONV_ALGORITHMS.get(algorithm), extra, None)
+    if check is None:
+        takers = " or ".join(repr(name) for name, a in _CONV_ALGORITHMS.items() if getattr(a, extra) is not None)
+        return f"algorithm {algorithm!r} takes no {extra}=; {takers} does"
+    return check(spec)
 
 
 def _any_conv(spec: ConvSpec) -> str | None:
@@ -514,8 +530,7 @@ def conv2d_support(algorithm: str, *, x_shape: Sequence[int], w_shape: Sequence[
         raise ConfigError(
             f"conv2d: unknown algorithm {algorithm!r}; known ones are {', '.join(_CONV_ALGORITHMS)}"
         )
-    spec = ConvSpec(tuple(x_shape), tuple(w_shape), tuple(stride), _padding(padding),
-                    tuple(dilation), int(groups), np.dtype(dtype))
+    spec = _geometry_spec(x_shape, w_shape, stride, padding, dilation, groups, dtype)
     kernel = _CONV_ALGORITHMS[algorithm]
     return spec.problem() or kernel.support(spec) or kernel_unavailable(kernel.target)
 
@@ -630,8 +645,7 @@ def _fused_pool(name: str, algo: ConvAlgorithm, spec: ConvSpec, max_pool, with_e
     """`conv2d`'s `max_pool` as checked `(window, stride, padding)`, or None."""
     if max_pool is None:
         return None
-    reason = "it cannot be fused with residual= or into=" if with_extras else (
-        algo.max_pool(spec) if algo.max_pool is not None else f"algorithm {name!r} does not fuse a max pool")
+    reason = "it cannot be fused with residual= or into=" if with_extras else _extra_support(name, "max_pool", spec)
     if reason is not None:
         raise ConfigError(f"conv2d: max_pool={max_pool!r}: {reason}; pool the output with max_pool2d instead")
     try:
@@ -646,7 +660,7 @@ def _checked_prologue(name: str, algo: ConvAlgorithm, spec: ConvSpec, prologue):
     float32 `(C,)`, checked; or None."""
     if prologue is None:
         return None
-    reason = algo.prologue(spec) if algo.prologue is not None else f"algorithm {name!r} takes no prologue"
+    reason = _extra_support(name, "prologue", spec)
     if reason is None and (not isinstance(prologue, (tuple, list)) or len(prologue) != 4):
         reason = "it must be (shift, scale, bias, activation)"
     if reason is None and prologue[3] not in (None, "relu", "relu6"):
@@ -658,18 +672,6 @@ def _checked_prologue(name: str, algo: ConvAlgorithm, spec: ConvSpec, prologue):
         raise ConfigError(f"conv2d: prologue: {reason}; apply it to x before the conv instead")
     _require_float32("conv2d", shift=prologue[0], scale=prologue[1], bias=prologue[2])
     return (*(jnp.asarray(a) for a in prologue[:3]), prologue[3])
-
-
-def conv2d_prologue_support(algorithm: str, *, x_shape: Sequence[int], w_shape: Sequence[int],
-                            stride: Pair = (1, 1), padding: Padding = ((0, 0), (0, 0)),
-                            dilation: Pair = (1, 1), groups: int = 1) -> str | None:
-    """Why `conv2d(algorithm=..., prologue=...)` cannot apply a prologue to this layer, or None."""
-    algo = _CONV_ALGORITHMS.get(algorithm)
-    if algo is None or algo.prologue is None:
-        return f"algorithm {algorithm!r} takes no prologue; 'smm' does"
-    spec = ConvSpec(tuple(x_shape), tuple(w_shape), tuple(stride), _padding(padding), tuple(dilation),
-                    int(groups), np.dtype(np.float32))
-    return algo.prologue(spec)
 
 
 def _concat_channels(into) -> int:

@@ -666,6 +666,13 @@ def test_analysis_counts_each_part_written_in_place_once(fire, getkey):
 # ------------------------------------------------ max pools computed inside the conv
 
 
+def _swapped_and_checked(ref, x, algorithms, tree_allclose):
+    """`swap_backend(fuse(ref), algorithms=algorithms)`, its output on `x` checked against `ref`'s."""
+    f = swap_backend(fuse(ref), algorithms=algorithms)
+    assert tree_allclose(jax.jit(f)(x), ref(x), rtol=RTOL, atol=ATOL)
+    return f
+
+
 def _stem(p, x, also_conv=False):
     """An image stem, conv 7x7 stride 2 -> relu -> max pool 3x3 stride 2, then a 1x1
     conv; `also_conv` returns the stem conv's output too."""
@@ -685,8 +692,7 @@ def stem(getkey):
 def test_stem_max_pool_runs_inside_the_conv(stem, getkey, tree_allclose, algorithms):
     x = jax.random.normal(getkey(), (2, 3, 37, 37))
     ref = lambda x: _stem(stem, x)  # noqa: E731
-    f = swap_backend(fuse(ref), algorithms=algorithms)
-    assert tree_allclose(jax.jit(f)(x), ref(x), rtol=RTOL, atol=ATOL)
+    f = _swapped_and_checked(ref, x, algorithms, tree_allclose)
     targets = _targets(f, x)
     assert "jtile_max_pool2d" not in targets and targets[0] == "jtile_conv_grouped"
     assert "reduce-window" not in _compiled(f, x)
@@ -700,21 +706,11 @@ def test_stem_max_pool_runs_inside_the_conv(stem, getkey, tree_allclose, algorit
 def test_stem_max_pool_stays_a_call_of_its_own_where_it_cannot_fuse(stem, getkey, tree_allclose, case, algorithms):
     x = jax.random.normal(getkey(), (1, 3, 30, 30))
     ref = lambda x: _stem(stem, x, also_conv=case == "conv read twice")  # noqa: E731
-    f = swap_backend(fuse(ref), algorithms=algorithms)
-    assert tree_allclose(jax.jit(f)(x), ref(x), rtol=RTOL, atol=ATOL)
+    f = _swapped_and_checked(ref, x, algorithms, tree_allclose)
     if case == "pool on XLA":
         assert "reduce-window" in _compiled(f, x)
     else:
         assert "jtile_max_pool2d" in _targets(f, x)
-
-
-def test_gradients_through_a_stem_pooled_in_its_conv(stem, getkey, tree_allclose):
-    x = jax.random.normal(getkey(), (1, 3, 21, 21))
-    loss = lambda p, x: jnp.sum(_stem(p, x) ** 2)  # noqa: E731
-    swapped = swap_backend(fuse(loss), algorithms={"conv2d": "grouped", "maxpool2d": "direct"})
-    assert "jtile_max_pool2d" not in _targets(swapped, stem, x)
-    got = jax.grad(swapped, argnums=(0, 1))(stem, x)
-    assert tree_allclose(got, jax.grad(loss, argnums=(0, 1))(stem, x), rtol=1e-3, atol=1e-3)
 
 
 def test_analysis_counts_the_conv_and_the_pool_of_a_fused_stem(stem, getkey):
@@ -757,8 +753,7 @@ def _primitives(fn, *args) -> list[str]:
 def test_batch_norm_and_relu_run_inside_the_pointwise_conv(dense_layer, getkey, tree_allclose, algorithms):
     x = jax.random.normal(getkey(), (1, 24, 13, 13))
     ref = lambda x: _dense_layer(dense_layer, x)  # noqa: E731
-    f = swap_backend(fuse(ref), algorithms=algorithms)
-    assert tree_allclose(jax.jit(f)(x), ref(x), rtol=RTOL, atol=ATOL)
+    f = _swapped_and_checked(ref, x, algorithms, tree_allclose)
     primitives = _primitives(f, x)
     assert not {"sub", "mul", "add", "max"} & set(primitives), primitives
 
@@ -768,19 +763,9 @@ def test_batch_norm_stays_with_xla_where_the_conv_cannot_take_it(dense_layer, ge
     x = jax.random.normal(getkey(), (1, 24, 11, 11))
     ref = lambda x: _dense_layer(dense_layer, x, share=case == "normalised input read twice",  # noqa: E731
                                  per_pixel=case == "per-pixel scale")
-    f = swap_backend(fuse(ref), algorithms={"conv2d": ["default", "smm"] if case == "conv on XLA" else "smm"})
-    assert tree_allclose(jax.jit(f)(x), ref(x), rtol=RTOL, atol=ATOL)
+    f = _swapped_and_checked(ref, x, {"conv2d": ["default", "smm"] if case == "conv on XLA" else "smm"}, tree_allclose)
     # a per-pixel scale ends the chain: the add and ReLU after it still go into the conv
     assert ("mul" if case == "per-pixel scale" else "max") in _primitives(f, x)
-
-
-def test_gradients_through_a_prologue(dense_layer, getkey, tree_allclose):
-    x = jax.random.normal(getkey(), (1, 24, 9, 9))
-    loss = lambda p, x: jnp.sum(_dense_layer(p, x) ** 2)  # noqa: E731
-    swapped = swap_backend(fuse(loss), algorithms={"conv2d": "smm"})
-    assert "sub" not in _primitives(swapped, dense_layer, x)
-    got = jax.grad(swapped, argnums=(0, 1))(dense_layer, x)
-    assert tree_allclose(got, jax.grad(loss, argnums=(0, 1))(dense_layer, x), rtol=1e-3, atol=1e-3)
 
 
 def test_analysis_counts_the_convs_of_a_layer_with_a_prologue(dense_layer, getkey):
@@ -803,8 +788,7 @@ def test_squeeze_excitation_scale_runs_inside_the_next_pointwise_conv(dense_laye
         scale = jax.nn.sigmoid(jnp.mean(x, axis=(2, 3), keepdims=True))
         return _conv(x * scale, dense_layer["w1"], padding=0)
 
-    f = swap_backend(fuse(block), algorithms={"conv2d": "smm"})
-    assert tree_allclose(jax.jit(f)(x), block(x), rtol=RTOL, atol=ATOL)
+    f = _swapped_and_checked(block, x, {"conv2d": "smm"}, tree_allclose)
     assert ("mul" in _primitives(f, x)) == (batch == 2)
 
 
@@ -829,8 +813,7 @@ def _conv_inputs(fn, *args) -> list[tuple[int, ...]]:
 def test_average_pool_runs_before_the_linear_pointwise_conv(dense_layer, getkey, tree_allclose, algorithms):
     x = jax.random.normal(getkey(), (1, 24, 14, 12))
     ref = lambda x: _transition(dense_layer, x)  # noqa: E731
-    f = swap_backend(fuse(ref), algorithms=algorithms)
-    assert tree_allclose(jax.jit(f)(x), ref(x), rtol=RTOL, atol=ATOL)
+    f = _swapped_and_checked(ref, x, algorithms, tree_allclose)
     assert _conv_inputs(f, x) == [(1, 24, 7, 6)]  # the conv reads the pooled image
     got, want = jtile.summary(f, x).macs_by_category, jtile.summary(fuse(ref), x).macs_by_category
     assert 4 * got["conv"] == want["conv"]
@@ -841,15 +824,27 @@ def test_average_pool_stays_after_a_conv_it_does_not_commute_with(dense_layer, g
     x = jax.random.normal(getkey(), (1, 24, 10, 10))
     ref = lambda x: _transition(dense_layer, x, relu_after=case == "relu after the conv",  # noqa: E731
                                 padding=1 if case == "padded pool" else 0, share=case == "conv output read twice")
-    f = swap_backend(fuse(ref), algorithms={"conv2d": "default" if case == "conv on XLA" else "smm"})
-    assert tree_allclose(jax.jit(f)(x), ref(x), rtol=RTOL, atol=ATOL)
+    f = _swapped_and_checked(ref, x, {"conv2d": "default" if case == "conv on XLA" else "smm"}, tree_allclose)
     assert all(shape == (1, 24, 10, 10) for shape in _conv_inputs(f, x))
 
 
-def test_gradients_through_a_pool_moved_before_its_conv(dense_layer, getkey, tree_allclose):
-    x = jax.random.normal(getkey(), (1, 24, 8, 8))
-    loss = lambda p, x: jnp.sum(_transition(p, x) ** 2)  # noqa: E731
-    swapped = swap_backend(fuse(loss), algorithms={"conv2d": "smm"})
-    assert _conv_inputs(swapped, dense_layer, x) == [(1, 24, 4, 4)]
-    got = jax.grad(swapped, argnums=(0, 1))(dense_layer, x)
-    assert tree_allclose(got, jax.grad(loss, argnums=(0, 1))(dense_layer, x), rtol=1e-3, atol=1e-3)
+# ------------------------------------------------ gradients through the rewrites
+
+
+@pytest.mark.parametrize("case", ["max pool in the stem's conv", "batch norm in the 1x1 conv",
+                                  "average pool before the 1x1 conv"])
+def test_gradients_through_the_rewritten_layers(case, request, getkey, tree_allclose):
+    model, fixture, algorithms, shape, rewritten = {
+        "max pool in the stem's conv": (_stem, "stem", {"conv2d": "grouped", "maxpool2d": "direct"}, (1, 3, 21, 21),
+                                        lambda f, *a: "jtile_max_pool2d" not in _targets(f, *a)),
+        "batch norm in the 1x1 conv": (_dense_layer, "dense_layer", {"conv2d": "smm"}, (1, 24, 9, 9),
+                                       lambda f, *a: "sub" not in _primitives(f, *a)),
+        "average pool before the 1x1 conv": (_transition, "dense_layer", {"conv2d": "smm"}, (1, 24, 8, 8),
+                                             lambda f, *a: _conv_inputs(f, *a) == [(1, 24, 4, 4)]),
+    }[case]
+    params, x = request.getfixturevalue(fixture), jax.random.normal(getkey(), shape)
+    loss = lambda p, x: jnp.sum(model(p, x) ** 2)  # noqa: E731
+    swapped = swap_backend(fuse(loss), algorithms=algorithms)
+    assert rewritten(swapped, params, x)
+    got = jax.grad(swapped, argnums=(0, 1))(params, x)
+    assert tree_allclose(got, jax.grad(loss, argnums=(0, 1))(params, x), rtol=1e-3, atol=1e-3)

@@ -604,7 +604,7 @@ def test_conv_fuses_its_max_pool(n, c, o, size, kernel, stride, groups, pool, ac
 
 
 @pytest.mark.parametrize("algorithm, groups, extra, message", [
-    ("smm", 1, {}, "'smm' does not fuse a max pool"),
+    ("smm", 1, {}, "'smm' takes no max_pool=; 'grouped' does"),
     ("grouped", 8, {}, "spanning groups"),  # 2 output channels a group at stride 1
     ("grouped", 1, {"residual": np.zeros((1, 16, 7, 7), np.float32)}, "residual= or into="),
     ("grouped", 1, {"into": (32, 0)}, "residual= or into="),
@@ -638,7 +638,7 @@ def test_pointwise_conv_applies_its_prologue(n, c, o, size, activation):
 
 
 @pytest.mark.parametrize("algorithm, w_shape, groups, prologue, message", [
-    ("grouped", (16, 8, 1, 1), 1, None, "'grouped' takes no prologue"),
+    ("grouped", (16, 8, 1, 1), 1, None, "'grouped' takes no prologue=; 'smm' does"),
     ("smm", (16, 8, 3, 3), 1, None, r"a prologue is applied to a 1x1"),
     ("smm", (16, 4, 1, 1), 2, None, r"2 group\(s\)"),
     ("smm", (16, 8, 1, 1), 1, (np.zeros(7, np.float32),) * 3 + ("relu",), r"each have shape \(8,\)"),
