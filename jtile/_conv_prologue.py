@@ -16,8 +16,8 @@ import dataclasses
 import numpy as np
 
 from ._graph import Graph, Op, Value
+from .fusion._chains import _fits
 
-CONVS = ("conv_general_dilated", "conv_bias_act")
 _STEPS = ("sub", "mul", "add")  # in the order the chain applies them
 
 
@@ -28,17 +28,20 @@ class Prologue:
     per-channel operand (for the ReLU, of its zero)."""
 
     ops: dict
-    activation: str | None
+
+    @property
+    def activation(self) -> str | None:
+        return "relu" if any(role == "relu" for role, _ in self.ops.values()) else None
 
 
-def _per_channel(value: Value, channels: int) -> bool:
-    """One number per channel of the image, or one in all: a batch norm's
-    parameters, or a squeeze-excitation block's scales (computed from the image
-    itself, so batch 1 only)."""
-    return value.shape in {(), (1, 1, 1, 1), (1, channels, 1, 1), (channels, 1, 1), (1, 1, 1)}
+def _per_channel(value: Value) -> bool:
+    """One number per channel of an NCHW image, or one in all (as `fuse` reads
+    a per-axis operand): a batch norm's parameters, or a squeeze-excitation
+    block's scales (computed from the image itself, so batch 1 only)."""
+    return _fits(value.shape, 4, frozenset({1}))
 
 
-def _step(op: Op, x: Value, channels: int) -> tuple[str, int, Value] | None:
+def _step(op: Op, x: Value) -> tuple[str, int, Value] | None:
     """`(role, constant position, chain input)` when `op` is one step of the
     chain applied to a value of `x`'s shape, else None."""
     if op.primitive == "max" and len(op.ins) == 2:
@@ -52,7 +55,7 @@ def _step(op: Op, x: Value, channels: int) -> tuple[str, int, Value] | None:
         return None
     for pos in ((1,) if op.primitive == "sub" else (1, 0)):
         constant, other = op.ins[pos], op.ins[1 - pos]
-        if other.shape == x.shape and _per_channel(constant, channels):
+        if other.shape == x.shape and _per_channel(constant):
             return op.primitive, pos, other
     return None
 
@@ -60,28 +63,27 @@ def _step(op: Op, x: Value, channels: int) -> tuple[str, int, Value] | None:
 def find_prologues(graph: Graph, takes_prologue) -> dict[int, Prologue]:
     """`{id(conv eqn): Prologue}` for top-level convs whose input is made by
     `[sub] [mul] [add] [relu]` steps (at least one, each value read only by
-    the next step); `takes_prologue(conv eqn)` says whether the conv's kernel
-    can apply one."""
+    the next step); `takes_prologue(eqn)` says whether an equation is a conv
+    whose kernel can apply one."""
     found = {}
     for op in graph.ops:
-        if op.primitive in CONVS and takes_prologue(op.eqn):
-            prologue = _walk(op, op.ins[0].shape[1])
+        if takes_prologue(op.eqn):
+            prologue = _walk(op)
             if prologue is not None:
                 found[id(op.eqn)] = prologue
     return found
 
 
-def _walk(conv: Op, channels: int) -> Prologue | None:
-    ops, activation = {}, None
+def _walk(conv: Op) -> Prologue | None:
+    ops = {}
     allowed = ["relu", *reversed(_STEPS)]  # the order met walking back from the conv
     value, reader = conv.ins[0], conv
     while value.producer is not None and not value.is_output and value.consumers == [reader]:
-        step = _step(value.producer, value, channels)
+        step = _step(value.producer, value)
         if step is None or step[0] not in allowed:
             break
         role, pos, source = step
         del allowed[:allowed.index(role) + 1]
         ops[id(value.producer.eqn)] = (role, pos)
-        activation = "relu" if role == "relu" else activation
         value, reader = source, value.producer
-    return Prologue(ops, activation) if ops else None
+    return Prologue(ops) if ops else None

@@ -20,7 +20,7 @@ def find_pooled_convs(graph: Graph, fuses) -> dict[int, object]:
     whether both are swapped and the conv's kernel can pool this layer."""
     pooled = {}
     for op in graph.ops:
-        if op.primitive != "reduce_window_max" or pool_axes(op.eqn) != (2, 3):
+        if op.kind != "maxpool2d" or pool_axes(op.eqn) != (2, 3):
             continue
         value = op.ins[0]
         producer = value.producer

@@ -197,7 +197,6 @@ class _Plan:
     parts: dict[int, Part] = dataclasses.field(default_factory=dict)  # convs writing into a concatenation
     pooled: dict = dataclasses.field(default_factory=dict)  # id(conv eqn) -> the max pool it computes
     prologues: dict[int, Prologue] = dataclasses.field(default_factory=dict)  # id(conv eqn) -> its chain
-    chain: dict = dataclasses.field(default_factory=dict)  # id(chain eqn) -> (id(conv eqn), role, position)
     pools_first: dict = dataclasses.field(default_factory=dict)  # id(conv eqn) -> the sum pool run before it
 
 
@@ -255,7 +254,6 @@ def _plan(closed: jcore.ClosedJaxpr, selectors: dict[str, Selector]) -> _Plan:
                 and kinds.takes_prologue(conv, plan.swaps[id(conv)].name))
 
     plan.prologues = find_prologues(graph, takes_prologue)
-    plan.chain = {op: (conv, *step) for conv, p in plan.prologues.items() for op, step in p.ops.items()}
     plan.parts = find_parts(graph, writes_into)
     plan.pooled = find_pooled_convs(graph, pools)
     plan.dropped |= {id(pool) for pool in plan.pooled.values()}
@@ -265,13 +263,14 @@ def _plan(closed: jcore.ClosedJaxpr, selectors: dict[str, Selector]) -> _Plan:
 def _rules(plan: _Plan) -> dict:
     concats = {part.concat for part in plan.parts.values()}
     buffers = {}  # id(concatenate eqn) -> the buffer its parts have written so far
+    chain = {op: (conv, *step) for conv, p in plan.prologues.items() for op, step in p.ops.items()}
     operands = {}  # id(conv eqn) -> {role: per-channel operand} of its prologue, as the chain runs
 
     def swap(eqn, *invals):
         if id(eqn) in plan.dropped:
             return invals[0]
-        if id(eqn) in plan.chain:  # a prologue's step: pass its data operand on, keep its constant
-            conv, role, pos = plan.chain[id(eqn)]
+        if id(eqn) in chain:  # a prologue's step: pass its data operand on, keep its constant
+            conv, role, pos = chain[id(eqn)]
             operands.setdefault(conv, {})[role] = invals[pos]
             return invals[1 - pos]
         if id(eqn) in concats:
@@ -295,7 +294,7 @@ def _rules(plan: _Plan) -> dict:
         # part, and it returns the buffer, so XLA drops this slice.
         return lax.slice_in_dim(whole, part.channel0, part.channel0 + eqn.outvars[0].aval.shape[1], axis=1)
 
-    steps = ("sub", "mul", "add", "max") if plan.chain else ()
+    steps = ("sub", "mul", "add", "max") if chain else ()
     return {name: swap for name in (*kinds.PRIMITIVES, *(("concatenate",) if concats else ()), *steps)}
 
 

@@ -446,8 +446,7 @@ def _prologue_macs(eqn) -> Counter:
 
 def _conv_spec_of(layer) -> ConvSpec:
     w_shape = (layer.out_channels, layer.in_channels // layer.groups, *layer.kernel_size)
-    return ConvSpec(tuple(layer.in_shapes[0]), w_shape, layer.stride, layer.padding, layer.dilation, layer.groups,
-                    np.dtype(np.float32))
+    return _geometry_spec(layer.in_shapes[0], w_shape, layer.stride, layer.padding, layer.dilation, layer.groups)
 
 
 _CONV_ALGORITHMS: dict[str, ConvAlgorithm] = {}
