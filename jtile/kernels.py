@@ -731,14 +731,22 @@ def smm_pixel_rows(spec: ConvSpec) -> bool:
     3x3 128->32 at 7x7 0.043 against 0.078 ms, at 14x14 0.145 against 0.184,
     at 28x28 (784 pixels, over the limit) 0.46 against 0.52; with K = 144 (16->16
     at 16x16) channel rows stay faster, 0.017 against 0.028 ms.
+
+    A 1x1 conv whose pixels fill less than 80% of their vectors (7x7: 49 of
+    64 lanes) takes pixel rows too once it has more than 2^17 weights, where
+    packing x costs less than the idle lanes. Measured in jitted chains of
+    such pairs at 7x7: 512<->512 1.24x, 256<->1024 1.16x, 192<->1152 1.13x,
+    160<->960 1.10x; 80<->480 level and 112<->672 0.94x; at 8x8 (full
+    vectors) and 10x10 channel rows won by 1.5x.
     """
     mr, nr = gemm_tile()
     pixels = spec.out_shape[2] * spec.out_shape[3]
     channels = spec.w_shape[0] // spec.groups
     depth = spec.w_shape[1] * spec.w_shape[2] * spec.w_shape[3]
     fill = lambda n, r: n / (-(-n // r) * r)  # noqa: E731
-    windowed = spec.w_shape[2] * spec.w_shape[3] > 1
-    return windowed and pixels <= 256 and (depth >= 256 or fill(channels, nr) >= fill(pixels, nr))
+    if spec.w_shape[2] * spec.w_shape[3] == 1:
+        return fill(pixels, vector_lanes()) < 0.8 and channels * depth > 2**17
+    return pixels <= 256 and (depth >= 256 or fill(channels, nr) >= fill(pixels, nr))
 
 
 def pack_gemm_weight(w: jax.Array, groups: int, rows: int) -> jax.Array:

@@ -81,6 +81,7 @@ def test_conv2d_matches_reference(algorithm, case):
         ((1, 40, 15, 15), (128, 40, 3, 3), 2, True),  # strided, 8x8 out
         ((2, 40, 20, 20), (96, 40, 3, 3), 1, False),  # 400 pixels
         ((1, 96, 7, 7), (160, 96, 1, 1), 1, False),  # 1x1: x itself is the B operand
+        ((1, 960, 7, 7), (160, 960, 1, 1), 1, True),  # 1x1, 49 of 64 lanes, many weights: pixel rows
         # 1x1 read in place over 2 K blocks; 140 pixels = 2 full strips and a packed partial one
         ((2, 300, 10, 14), (9, 300, 1, 1), 1, False),
     ],
