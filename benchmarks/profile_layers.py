@@ -3,10 +3,13 @@
 For a torchvision case of `bench_real.py` (exported to ONNX at opset 17), both
 engines run the same graph at batch 1, and each reports its own per-op times:
 
-- jtile: `jax.jit(swap_backend(fold_params(fn, params), algorithms="auto"))`
-  under `jax.profiler.trace`; every thunk of the executable (a kernel's
-  `ffi_call`, an XLA fusion, a concatenate) is named back to its ONNX node
-  through the compiled HLO's `op_name` metadata;
+- jtile: `jax.jit(swap_backend(fold_params(fn, params), algorithms="auto"))`;
+  every thunk of the executable (a kernel's `ffi_call`, an XLA fusion, a
+  concatenate) is named back to its ONNX node through the compiled HLO's
+  `op_name` metadata. Kernel calls are timed by the kernels themselves
+  (`jtile.kernels.call_times`, in the executable's order); the other thunks
+  by `jax.profiler.trace`, whose figures for short calls read long (a 40 us
+  depthwise conv showed as 60-100 us);
 - ONNX Runtime (2 threads) with `enable_profiling`: its per-node kernel times,
   after its own fusions and NCHWc rewrite (a fused node is named after the
   tensor it writes, e.g. `.../conv.0.2/Clip_output_0_nchwc` for Conv + Clip).
@@ -26,9 +29,9 @@ Run: `python benchmarks/profile_layers.py mobilenet_v3_large [--runs 20] [--top 
 
 !!! warning
 
-    Needs the `bench` extra. Profilers add a few microseconds an op in both
-    engines, so the totals exceed the models' plain run times; compare blocks,
-    not totals against `bench_real.py`. Zoo cases are not supported: their
+    Needs the `bench` extra. ONNX Runtime's profiler and jax's add a few
+    microseconds an op, so the totals exceed the models' plain run times;
+    compare blocks, not totals against `bench_real.py`. Zoo cases are not supported: their
     jtile function is the zoo's own, whose layer names differ from the ONNX
     export's.
 """
@@ -52,6 +55,7 @@ import jax.numpy as jnp
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_real import TORCHVISION, RealCase, _ort  # noqa: E402
 
+from jtile import kernels  # noqa: E402
 from jtile.algorithms import swap_backend  # noqa: E402
 from jtile.fusion import fold_params  # noqa: E402
 
@@ -82,11 +86,29 @@ def jtile_blocks(case: RealCase, path: Path, runs: int) -> dict[str, float]:
     for e in events:
         if e.get("ph") == "X" and e["name"] in names:
             per_thunk[e["name"]].append(e["dur"] / 1e3)
+    per_thunk.update(kernel_thunks(fn, x, hlo, runs))
     blocks = collections.defaultdict(float)
     for thunk, times in per_thunk.items():
         layer = names[thunk].rsplit("/", 1)[0]  # less the primitive: the ONNX node's scope
         blocks[block(layer)] += statistics.median(times)
     return dict(blocks)
+
+
+def kernel_thunks(fn, x, hlo: str, runs: int) -> dict[str, list[float]]:
+    """`{kernel call's HLO name: ms per run}` from the kernels' own timing,
+    matched to the entry computation's custom calls in order, or {} if the
+    calls ran in another order than the HLO lists them."""
+    entry = hlo[hlo.index("ENTRY"):]
+    calls = re.findall(r"%([\w.-]+) = f32\[([\d,]*)\][^\n]*custom_call_target=\"jtile_", entry)
+    with kernels.call_times() as times:
+        for _ in range(runs):
+            jax.block_until_ready(fn(x))
+    per_run = len(times.calls) // runs
+    shapes = [tuple(int(d) for d in dims.split(",")) if dims else () for _, dims in calls]
+    if per_run != len(calls) or [c.out_shape for c in times.calls[:per_run]] != shapes:
+        print("kernel call order differs from the HLO's: kernel times come from the profiler")
+        return {}
+    return {name: [c.us / 1e3 for c in times.calls[i::per_run]] for i, (name, _) in enumerate(calls)}
 
 
 def ort_blocks(path: Path, feed, runs: int) -> dict[str, float]:

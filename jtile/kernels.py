@@ -77,6 +77,7 @@ of released blocks are kept for reuse (kernels/common.h).
     over `conv2d`, `dense` or `matmul` runs the kernel once per batch element.
 """
 
+import contextlib
 import ctypes
 import dataclasses
 import functools
@@ -93,7 +94,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import _registry
+from . import _call_times, _registry
+from ._call_times import CallTimes, KernelCall
 from ._errors import ConfigError, KernelsUnavailableWarning, UnsupportedError
 from ._fused import activate
 from ._interpreter import eager_if_known, is_known, on_host, shared, to_device
@@ -241,6 +243,31 @@ def warn_if_unavailable(where: str) -> bool:
             stacklevel=3,
         )
     return bool(_UNAVAILABLE)
+
+
+def call_times() -> contextlib.AbstractContextManager[CallTimes]:
+    """Record how long each kernel call made inside the `with` block takes, as
+    the compiled function runs it (the time inside the kernel, exact for calls
+    of a few microseconds, unlike a profiler's trace):
+
+    ```python
+    with jtile.kernels.call_times() as times:
+        for _ in range(20):
+            f(x).block_until_ready()
+    print(times.table(runs=20))  # best and median per kernel call of f
+    ```
+
+    `times.calls` holds every `KernelCall` in order. Raises `UnsupportedError`
+    if the kernels are not built or were built before call timing existed,
+    `ConfigError` if another block is recording.
+    """
+    reason = next(iter(_UNAVAILABLE.values()), None)
+    library = ctypes.cdll.LoadLibrary(LIBRARY_PATH) if reason is None else None
+    if library is not None and not hasattr(library, "JtileCallTimesEnable"):
+        reason = f"{LIBRARY_PATH} has no call timing (stale build?); {_BUILD_HINT}"
+    if reason is not None:
+        raise UnsupportedError(f"call_times: {reason}")
+    return _call_times.record(library, {symbol: target for target, symbol in _TARGETS.items()})
 
 
 def _call(target: str, out: jax.ShapeDtypeStruct, *arrays, vmap_method: str, aliases=None, **attrs):
@@ -827,7 +854,7 @@ register_conv_algorithm("grouped", "jtile_conv_grouped", "JtileConvGrouped", _an
 # How to add a kernel:
 #  1. Write kernels/<family>.cc. A conv algorithm implements the signature in
 #     kernels/common.h and exports it with
-#     XLA_FFI_DEFINE_HANDLER_SYMBOL(JtileConvX, Impl, JTILE_CONV_BINDING);
+#     JTILE_DEFINE_HANDLER(JtileConvX, Impl, JTILE_CONV_BINDING);
 #     (or JTILE_CONV_RESIDUAL_BINDING.Ret<...>() to fuse a residual too).
 #  2. Add one entry here:
 #        register_conv_algorithm("x", "jtile_conv_x", "JtileConvX", _x_support)
@@ -1173,7 +1200,7 @@ LIBRARY_PATH, _UNAVAILABLE = _load_library()
 
 __all__ = [
     "Pair", "Padding", "LIBRARY_ENV", "activation_reference", "library_candidates",
-    "kernel_unavailable", "warn_if_unavailable", "ConvSpec", "ConvAlgorithm",
+    "kernel_unavailable", "warn_if_unavailable", "call_times", "CallTimes", "KernelCall", "ConvSpec", "ConvAlgorithm",
     "register_conv_algorithm", "conv2d_reference", "conv2d_support", "conv2d", "conv2d_writes_into", "gemm_tile",
     "smm_pixel_rows", "pack_gemm_weight", "vector_lanes", "dense_reference", "GEMV_ROWS", "dense",
     "matmul_reference", "matmul",

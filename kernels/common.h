@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -27,6 +28,25 @@
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
+
+// JTILE_DEFINE_HANDLER(symbol, impl, binding): XLA_FFI_DEFINE_HANDLER_SYMBOL
+// with the call timed while jtile.kernels.call_times records (kernels/call_times.cc).
+namespace jtile::timing {
+extern std::atomic<bool> enabled;
+void record(const char* symbol, const XLA_FFI_CallFrame* frame, std::chrono::steady_clock::time_point start);
+}  // namespace jtile::timing
+
+#define JTILE_DEFINE_HANDLER(fn, impl, ...)                                                 \
+  extern "C" XLA_FFI_Error* fn(XLA_FFI_CallFrame* call_frame) {                           \
+    XLA_FFI_DEFINE_HANDLER(handler, impl, ##__VA_ARGS__);                                 \
+    if (call_frame->stage != XLA_FFI_ExecutionStage_EXECUTE ||                            \
+        !::jtile::timing::enabled.load(std::memory_order_relaxed))                        \
+      return (*handler)(call_frame);                                                      \
+    const auto start = std::chrono::steady_clock::now();                                  \
+    XLA_FFI_Error* error = (*handler)(call_frame);                                        \
+    ::jtile::timing::record(#fn, call_frame, start);                                      \
+    return error;                                                                         \
+  }
 
 namespace jtile {
 
@@ -592,7 +612,7 @@ inline ffi::Error decode_packed_conv(const char* name, const F32Buffer& x, ffi::
 //                   ffi::Span<const int64_t> conv, int64_t activation,
 //                   float alpha, float clip_lo, float clip_hi, F32Result y)
 // and exports it with
-//   XLA_FFI_DEFINE_HANDLER_SYMBOL(JtileConvName, Impl, JTILE_CONV_BINDING);
+//   JTILE_DEFINE_HANDLER(JtileConvName, Impl, JTILE_CONV_BINDING);
 #define JTILE_EPILOGUE_ATTRS                                                  \
   Attr<int64_t>("activation").Attr<float>("alpha").Attr<float>("clip_lo").Attr<float>("clip_hi")
 #define JTILE_CONV_BINDING                                                    \

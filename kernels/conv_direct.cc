@@ -81,4 +81,4 @@ ffi::Error ConvDirect(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer 
 }  // namespace
 }  // namespace jtile
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JtileConvDirect, jtile::ConvDirect, JTILE_CONV_BINDING);
+JTILE_DEFINE_HANDLER(JtileConvDirect, jtile::ConvDirect, JTILE_CONV_BINDING);

@@ -243,7 +243,7 @@ ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer
 }  // namespace
 }  // namespace jtile
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JtileConvGrouped, jtile::ConvGrouped,
+JTILE_DEFINE_HANDLER(JtileConvGrouped, jtile::ConvGrouped,
                               JTILE_CONV_RESIDUAL_BINDING.Attr<xla::ffi::Span<const int64_t>>("kernel")
                                   .Attr<int64_t>("span_groups")
                                   .Attr<xla::ffi::Span<const int64_t>>("max_pool")

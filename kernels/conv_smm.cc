@@ -235,7 +235,7 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, 
 }  // namespace
 }  // namespace jtile
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JtileConvSmm, jtile::ConvSmm,
+JTILE_DEFINE_HANDLER(JtileConvSmm, jtile::ConvSmm,
                               JTILE_CONV_RESIDUAL_BINDING.Attr<xla::ffi::Span<const int64_t>>("kernel")
                                   .Attr<int64_t>("pixel_rows")
                                   .Arg<jtile::F32Buffer>()

@@ -198,7 +198,7 @@ ffi::Error Matmul(ffi::ThreadPool pool, F32Buffer a, F32Buffer c, ffi::Span<cons
 }  // namespace
 }  // namespace jtile
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JtileDense, jtile::Dense,
+JTILE_DEFINE_HANDLER(JtileDense, jtile::Dense,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::ThreadPool>()
                                   .Arg<jtile::F32Buffer>()
@@ -209,7 +209,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JtileDense, jtile::Dense,
                                   .Attr<int64_t>("packed")
                                   .Ret<jtile::F32Buffer>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JtileMatmul, jtile::Matmul,
+JTILE_DEFINE_HANDLER(JtileMatmul, jtile::Matmul,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::ThreadPool>()
                                   .Arg<jtile::F32Buffer>()

@@ -202,4 +202,4 @@ ffi::Error ConvDepthwise(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buff
 }  // namespace
 }  // namespace jtile
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JtileConvDepthwise, jtile::ConvDepthwise, JTILE_CONV_BINDING);
+JTILE_DEFINE_HANDLER(JtileConvDepthwise, jtile::ConvDepthwise, JTILE_CONV_BINDING);

@@ -176,20 +176,20 @@ ffi::Error GlobalAvgPool(ffi::ThreadPool pool, F32Buffer x, F32Result y) {
 }  // namespace
 }  // namespace jtile
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JtileMaxPool2d, jtile::MaxPool,
+JTILE_DEFINE_HANDLER(JtileMaxPool2d, jtile::MaxPool,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::ThreadPool>()
                                   .Arg<jtile::F32Buffer>()
                                   .Attr<xla::ffi::Span<const int64_t>>("pool")
                                   .Ret<jtile::F32Buffer>());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JtileAvgPool2d, jtile::AvgPool,
+JTILE_DEFINE_HANDLER(JtileAvgPool2d, jtile::AvgPool,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::ThreadPool>()
                                   .Arg<jtile::F32Buffer>()
                                   .Attr<xla::ffi::Span<const int64_t>>("pool")
                                   .Attr<int64_t>("count_include_pad")
                                   .Ret<jtile::F32Buffer>());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JtileGlobalAvgPool2d, jtile::GlobalAvgPool,
+JTILE_DEFINE_HANDLER(JtileGlobalAvgPool2d, jtile::GlobalAvgPool,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::ThreadPool>()
                                   .Arg<jtile::F32Buffer>()

@@ -104,7 +104,7 @@ ffi::Error Resize(ffi::ThreadPool pool, F32Buffer x, ffi::Span<const int64_t> ta
 }  // namespace
 }  // namespace jtile
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JtileResize2d, jtile::Resize,
+JTILE_DEFINE_HANDLER(JtileResize2d, jtile::Resize,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::ThreadPool>()
                                   .Arg<jtile::F32Buffer>()

@@ -472,5 +472,5 @@ ffi::Error ConvWinograd(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffe
 }  // namespace
 }  // namespace jtile
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JtileConvWinograd, jtile::ConvWinograd,
+JTILE_DEFINE_HANDLER(JtileConvWinograd, jtile::ConvWinograd,
                               JTILE_CONV_RESIDUAL_BINDING.Ret<jtile::F32Buffer>());
