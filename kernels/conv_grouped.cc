@@ -244,10 +244,10 @@ ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer
 }  // namespace jtile
 
 JTILE_DEFINE_HANDLER(JtileConvGrouped, jtile::ConvGrouped,
-                              JTILE_CONV_RESIDUAL_BINDING.Attr<xla::ffi::Span<const int64_t>>("kernel")
-                                  .Attr<int64_t>("span_groups")
-                                  .Attr<xla::ffi::Span<const int64_t>>("max_pool")
-                                  .Ret<jtile::F32Buffer>());
+                     JTILE_CONV_RESIDUAL_BINDING.Attr<xla::ffi::Span<const int64_t>>("kernel")
+                         .Attr<int64_t>("span_groups")
+                         .Attr<xla::ffi::Span<const int64_t>>("max_pool")
+                         .Ret<jtile::F32Buffer>());
 
 // The vector width W the packed weights of the channel-blocked kernels use.
 extern "C" int64_t JtileVectorLanes() { return jtile::W; }

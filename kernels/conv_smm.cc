@@ -236,8 +236,8 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, 
 }  // namespace jtile
 
 JTILE_DEFINE_HANDLER(JtileConvSmm, jtile::ConvSmm,
-                              JTILE_CONV_RESIDUAL_BINDING.Attr<xla::ffi::Span<const int64_t>>("kernel")
-                                  .Attr<int64_t>("pixel_rows")
-                                  .Arg<jtile::F32Buffer>()
-                                  .Attr<int64_t>("prologue_activation")
-                                  .Ret<jtile::F32Buffer>());
+                     JTILE_CONV_RESIDUAL_BINDING.Attr<xla::ffi::Span<const int64_t>>("kernel")
+                         .Attr<int64_t>("pixel_rows")
+                         .Arg<jtile::F32Buffer>()
+                         .Attr<int64_t>("prologue_activation")
+                         .Ret<jtile::F32Buffer>());

@@ -199,22 +199,22 @@ ffi::Error Matmul(ffi::ThreadPool pool, F32Buffer a, F32Buffer c, ffi::Span<cons
 }  // namespace jtile
 
 JTILE_DEFINE_HANDLER(JtileDense, jtile::Dense,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::ThreadPool>()
-                                  .Arg<jtile::F32Buffer>()
-                                  .Arg<jtile::F32Buffer>()
-                                  .Arg<jtile::F32Buffer>()
-                                  .JTILE_EPILOGUE_ATTRS
-                                  .Attr<int64_t>("transpose_w")
-                                  .Attr<int64_t>("packed")
-                                  .Ret<jtile::F32Buffer>());
+                     xla::ffi::Ffi::Bind()
+                         .Ctx<xla::ffi::ThreadPool>()
+                         .Arg<jtile::F32Buffer>()
+                         .Arg<jtile::F32Buffer>()
+                         .Arg<jtile::F32Buffer>()
+                         .JTILE_EPILOGUE_ATTRS
+                         .Attr<int64_t>("transpose_w")
+                         .Attr<int64_t>("packed")
+                         .Ret<jtile::F32Buffer>());
 
 JTILE_DEFINE_HANDLER(JtileMatmul, jtile::Matmul,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::ThreadPool>()
-                                  .Arg<jtile::F32Buffer>()
-                                  .Arg<jtile::F32Buffer>()
-                                  .Attr<xla::ffi::Span<const int64_t>>("dims")
-                                  .Attr<xla::ffi::Span<const int64_t>>("a_strides")
-                                  .Attr<xla::ffi::Span<const int64_t>>("c_strides")
-                                  .Ret<jtile::F32Buffer>());
+                     xla::ffi::Ffi::Bind()
+                         .Ctx<xla::ffi::ThreadPool>()
+                         .Arg<jtile::F32Buffer>()
+                         .Arg<jtile::F32Buffer>()
+                         .Attr<xla::ffi::Span<const int64_t>>("dims")
+                         .Attr<xla::ffi::Span<const int64_t>>("a_strides")
+                         .Attr<xla::ffi::Span<const int64_t>>("c_strides")
+                         .Ret<jtile::F32Buffer>());

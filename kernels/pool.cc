@@ -177,20 +177,20 @@ ffi::Error GlobalAvgPool(ffi::ThreadPool pool, F32Buffer x, F32Result y) {
 }  // namespace jtile
 
 JTILE_DEFINE_HANDLER(JtileMaxPool2d, jtile::MaxPool,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::ThreadPool>()
-                                  .Arg<jtile::F32Buffer>()
-                                  .Attr<xla::ffi::Span<const int64_t>>("pool")
-                                  .Ret<jtile::F32Buffer>());
+                     xla::ffi::Ffi::Bind()
+                         .Ctx<xla::ffi::ThreadPool>()
+                         .Arg<jtile::F32Buffer>()
+                         .Attr<xla::ffi::Span<const int64_t>>("pool")
+                         .Ret<jtile::F32Buffer>());
 JTILE_DEFINE_HANDLER(JtileAvgPool2d, jtile::AvgPool,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::ThreadPool>()
-                                  .Arg<jtile::F32Buffer>()
-                                  .Attr<xla::ffi::Span<const int64_t>>("pool")
-                                  .Attr<int64_t>("count_include_pad")
-                                  .Ret<jtile::F32Buffer>());
+                     xla::ffi::Ffi::Bind()
+                         .Ctx<xla::ffi::ThreadPool>()
+                         .Arg<jtile::F32Buffer>()
+                         .Attr<xla::ffi::Span<const int64_t>>("pool")
+                         .Attr<int64_t>("count_include_pad")
+                         .Ret<jtile::F32Buffer>());
 JTILE_DEFINE_HANDLER(JtileGlobalAvgPool2d, jtile::GlobalAvgPool,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::ThreadPool>()
-                                  .Arg<jtile::F32Buffer>()
-                                  .Ret<jtile::F32Buffer>());
+                     xla::ffi::Ffi::Bind()
+                         .Ctx<xla::ffi::ThreadPool>()
+                         .Arg<jtile::F32Buffer>()
+                         .Ret<jtile::F32Buffer>());

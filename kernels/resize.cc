@@ -105,12 +105,12 @@ ffi::Error Resize(ffi::ThreadPool pool, F32Buffer x, ffi::Span<const int64_t> ta
 }  // namespace jtile
 
 JTILE_DEFINE_HANDLER(JtileResize2d, jtile::Resize,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::ThreadPool>()
-                                  .Arg<jtile::F32Buffer>()
-                                  .Attr<xla::ffi::Span<const int64_t>>("taps")
-                                  .Attr<xla::ffi::Span<const int64_t>>("rows")
-                                  .Attr<xla::ffi::Span<const float>>("row_weights")
-                                  .Attr<xla::ffi::Span<const int64_t>>("cols")
-                                  .Attr<xla::ffi::Span<const float>>("col_weights")
-                                  .Ret<jtile::F32Buffer>());
+                     xla::ffi::Ffi::Bind()
+                         .Ctx<xla::ffi::ThreadPool>()
+                         .Arg<jtile::F32Buffer>()
+                         .Attr<xla::ffi::Span<const int64_t>>("taps")
+                         .Attr<xla::ffi::Span<const int64_t>>("rows")
+                         .Attr<xla::ffi::Span<const float>>("row_weights")
+                         .Attr<xla::ffi::Span<const int64_t>>("cols")
+                         .Attr<xla::ffi::Span<const float>>("col_weights")
+                         .Ret<jtile::F32Buffer>());

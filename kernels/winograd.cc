@@ -473,4 +473,4 @@ ffi::Error ConvWinograd(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffe
 }  // namespace jtile
 
 JTILE_DEFINE_HANDLER(JtileConvWinograd, jtile::ConvWinograd,
-                              JTILE_CONV_RESIDUAL_BINDING.Ret<jtile::F32Buffer>());
+                     JTILE_CONV_RESIDUAL_BINDING.Ret<jtile::F32Buffer>());
