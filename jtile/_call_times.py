@@ -50,9 +50,10 @@ class CallTimes:
 
     def table(self, runs: int) -> str:
         """`by_layer(runs)` as text: the best and median µs, target and shapes per call, and the sum."""
+        layers = self.by_layer(runs)
         rows = [f"{best.us:9.1f} {median:9.1f}  {best.target:26s} {best.in_shape} -> {best.out_shape}"
-                for best, median in self.by_layer(runs)]
-        total = sum(best.us for best, _ in self.by_layer(runs))
+                for best, median in layers]
+        total = sum(best.us for best, _ in layers)
         return "\n".join(["  best us  median  target / input -> output", *rows, f"{total:9.1f}  sum of the best"])
 
 
@@ -87,7 +88,6 @@ def record(library: ctypes.CDLL, targets: dict[str, str]) -> Iterator[CallTimes]
         raise ConfigError("call_times: already recording; nest no `with call_times()` blocks")
     _active = True
     times = CallTimes()
-    _take(library, targets)  # drop anything left from before
     library.JtileCallTimesEnable(ctypes.c_int64(1))
     try:
         yield times
