@@ -88,6 +88,8 @@ def record(library: ctypes.CDLL, targets: dict[str, str]) -> Iterator[CallTimes]
         raise ConfigError("call_times: already recording; nest no `with call_times()` blocks")
     _active = True
     times = CallTimes()
+    # A call still running when an earlier block ended records when it returns: drop it.
+    _take(library, targets)
     library.JtileCallTimesEnable(ctypes.c_int64(1))
     try:
         yield times
