@@ -85,12 +85,15 @@ def _conv_support(name: str):
 
 
 def _conv_run(name: str):
-    def run(eqn, x, w, *epilogue_operands, producers, into=None, max_pool=None, prologue=None):
+    def run(eqn, x, w, *epilogue_operands, producers, into=None, max_pool=None, prologue=None,
+            reads_prefix=False):
         """`into=(buffer or channels, channel0)`: write into a concatenation's
         buffer (`jtile.kernels.conv2d`), for an NCHW output whose epilogue the
         kernel fuses (`writes_into`); `max_pool=` the equation of a max pool to
         compute in the same call (`pools`), returning its output; `prologue=`
-        `(shift, scale, bias, activation)` applied to x first (`takes_prologue`)."""
+        `(shift, scale, bias, activation)` applied to x first (`takes_prologue`);
+        `reads_prefix=True`: x is a concatenation's buffer whose first channels
+        are the conv's input (`reads_prefix`)."""
         lhs_spec, rhs_spec, out_spec = eqn.params["dimension_numbers"]
         geometry = _conv_geometry(eqn)
         del geometry["x_shape"], geometry["w_shape"]
@@ -103,6 +106,7 @@ def _conv_run(name: str):
                 **({"into": into} if into is not None else {}),
                 **({"max_pool": _pool_window(max_pool)} if max_pool is not None else {}),
                 **({"prologue": prologue} if prologue is not None else {}),
+                **({"reads_prefix": True} if reads_prefix else {}),
             )
             return _restore(y, out_spec)
 
@@ -129,6 +133,14 @@ def pools(conv, pool, algorithm: str) -> bool:
     if tuple(out_spec) != (0, 1, 2, 3) or not _fused_epilogue(conv, out_axis=1):
         return False
     return _kernels().conv2d_max_pool_support(algorithm, **_conv_geometry(conv)) is None
+
+
+def reads_prefix(conv, algorithm: str) -> bool:
+    """Whether the conv equation `conv`, run by `algorithm`, can read its NCHW
+    input of one image as the first channels of a larger buffer."""
+    lhs_spec = conv.params["dimension_numbers"][0]
+    return (_kernels().conv2d_reads_prefix(algorithm) and tuple(lhs_spec) == (0, 1, 2, 3)
+            and conv.invars[0].aval.shape[0] == 1)
 
 
 def takes_prologue(conv, algorithm: str) -> bool:

@@ -38,7 +38,7 @@ from jax import lax
 
 from . import _algorithm_kinds as kinds
 from . import _measured
-from ._concat_in_place import Part, find_parts
+from ._concat_in_place import Assembly, Part, find_parts
 from ._conv_prologue import Prologue, find_prologues
 from ._errors import ConfigError, UnsupportedError, reject_positional, reject_unknown
 from ._graph import Graph
@@ -195,6 +195,8 @@ class _Plan:
     dropped: set[int]
     producers: dict
     parts: dict[int, Part] = dataclasses.field(default_factory=dict)  # convs writing into a concatenation
+    assemblies: dict[int, Assembly] = dataclasses.field(default_factory=dict)  # concatenations in a buffer
+    prefix_readers: set[int] = dataclasses.field(default_factory=set)  # convs reading a buffer's first channels
     pooled: dict = dataclasses.field(default_factory=dict)  # id(conv eqn) -> the max pool it computes
     prologues: dict[int, Prologue] = dataclasses.field(default_factory=dict)  # id(conv eqn) -> its chain
     pools_first: dict = dataclasses.field(default_factory=dict)  # id(conv eqn) -> the sum pool run before it
@@ -254,15 +256,27 @@ def _plan(closed: jcore.ClosedJaxpr, selectors: dict[str, Selector]) -> _Plan:
                 and kinds.takes_prologue(conv, plan.swaps[id(conv)].name))
 
     plan.prologues = find_prologues(graph, takes_prologue)
-    plan.parts = find_parts(graph, writes_into)
+    chain_convs = {step: op for op in graph.ops if id(op.eqn) in plan.prologues
+                   for step in plan.prologues[id(op.eqn)].ops}
+
+    def prefix_reader(op, value):
+        conv, data = chain_convs.get(id(op.eqn)), 0
+        if conv is not None:  # a prologue's step passes its data operand on to the conv
+            data = 1 - plan.prologues[id(conv.eqn)].ops[id(op.eqn)][1]
+        conv = conv or op
+        reads = (op.ins[data] is value and swapped_conv(conv.eqn) and id(conv.eqn) not in plan.pools_first
+                 and kinds.reads_prefix(conv.eqn, plan.swaps[id(conv.eqn)].name))
+        return conv.eqn if reads else None
+
+    plan.parts, plan.assemblies, plan.prefix_readers = find_parts(graph, writes_into, prefix_reader)
     plan.pooled = find_pooled_convs(graph, pools)
     plan.dropped |= {id(pool) for pool in plan.pooled.values()}
     return plan
 
 
 def _rules(plan: _Plan) -> dict:
-    concats = {part.concat for part in plan.parts.values()}
-    buffers = {}  # id(concatenate eqn) -> the buffer its parts have written so far
+    buffers = {}  # id(last concatenate eqn) -> the buffer its parts have written so far
+    filled = {}  # id(last concatenate eqn) -> the channels its concatenations have assembled so far
     chain = {op: (conv, *step) for conv, p in plan.prologues.items() for op, step in p.ops.items()}
     operands = {}  # id(conv eqn) -> {role: per-channel operand} of its prologue, as the chain runs
 
@@ -273,8 +287,8 @@ def _rules(plan: _Plan) -> dict:
             conv, role, pos = chain[id(eqn)]
             operands.setdefault(conv, {})[role] = invals[pos]
             return invals[1 - pos]
-        if id(eqn) in concats:
-            return _assemble(eqn, invals, buffers.pop(id(eqn)), plan)
+        if id(eqn) in plan.assemblies:
+            return _assemble(eqn, invals, plan.assemblies[id(eqn)], buffers, filled, plan)
         if id(eqn) not in plan.swaps:
             out = bind(eqn, *invals)
             return out if eqn.primitive.multiple_results else out[0]
@@ -283,6 +297,8 @@ def _rules(plan: _Plan) -> dict:
             return run(eqn, _average(plan, plan.pools_first[id(eqn)], invals[0]), *invals[1:], producers=plan.producers)
         if id(eqn) in plan.prologues:
             run = functools.partial(run, prologue=_prologue(eqn, plan.prologues[id(eqn)], operands.pop(id(eqn))))
+        if id(eqn) in plan.prefix_readers:
+            run = functools.partial(run, reads_prefix=True)
         if id(eqn) in plan.pooled:  # the pool's equation, dropped, passes this output on
             return run(eqn, *invals, producers=plan.producers, max_pool=plan.pooled[id(eqn)])
         if id(eqn) not in plan.parts:
@@ -295,7 +311,7 @@ def _rules(plan: _Plan) -> dict:
         return lax.slice_in_dim(whole, part.channel0, part.channel0 + eqn.outvars[0].aval.shape[1], axis=1)
 
     steps = ("sub", "mul", "add", "max") if chain else ()
-    return {name: swap for name in (*kinds.PRIMITIVES, *(("concatenate",) if concats else ()), *steps)}
+    return {name: swap for name in (*kinds.PRIMITIVES, *(("concatenate",) if plan.assemblies else ()), *steps)}
 
 
 def _average(plan: _Plan, pool, x):
@@ -318,14 +334,26 @@ def _prologue(eqn, prologue: Prologue, operands: dict) -> tuple:
     return per_channel("sub", 0.0), per_channel("mul", 1.0), per_channel("add", 0.0), prologue.activation
 
 
-def _assemble(eqn, invals, whole, plan: _Plan):
-    """The concatenation's buffer with the parts that are not written in place copied in."""
+def _assemble(eqn, invals, assembly: Assembly, buffers: dict, filled: dict, plan: _Plan):
+    """The concatenation's value from its buffer, once the parts that are not
+    written in place, and not copied in by an earlier concatenation of its
+    chain, are copied in: the buffer itself (`assembly.whole`), or its first
+    channels."""
+    whole = buffers.get(assembly.buffer)
+    if whole is None:  # no part has been written in place yet
+        shape = eqn.outvars[0].aval.shape
+        whole = jnp.zeros((1, plan.assemblies[assembly.buffer].channels, *shape[2:]), eqn.outvars[0].aval.dtype)
     channel0 = 0
     for var, value in zip(eqn.invars, invals):
-        if id(plan.producers.get(var)) not in plan.parts:
+        if channel0 >= filled.get(assembly.buffer, 0) and id(plan.producers.get(var)) not in plan.parts:
             whole = lax.dynamic_update_slice_in_dim(whole, value, channel0, axis=1)
         channel0 += value.shape[1]
-    return whole
+    filled[assembly.buffer] = channel0
+    if assembly.buffer == id(eqn):  # the chain's last: the buffer is complete
+        del buffers[assembly.buffer], filled[assembly.buffer]
+        return whole
+    buffers[assembly.buffer] = whole
+    return whole if assembly.whole else lax.slice_in_dim(whole, 0, assembly.channels, axis=1)
 
 
 # ------------------------------------------------------------------ fn -> fn

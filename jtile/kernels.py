@@ -389,6 +389,10 @@ class ConvAlgorithm:
     # Why the handler cannot apply a per-input-channel prologue to this layer
     # (`conv2d(prologue=)`, the "prologue" buffer), or None; unset: never.
     prologue: Callable[[ConvSpec], str | None] | None = None
+    # The handler binds the "x_channels" attribute: it reads the first
+    # x_channels channels of an x of one image that may hold more
+    # (`conv2d(reads_prefix=True)`).
+    reads_prefix: bool = False
 
 
 # ------------------------------------------- what a kernel call computes
@@ -408,13 +412,20 @@ def _layer(eqn, kind: str, **fields):
 
 
 def _describe_conv_call(eqn):
+    from ._layers import Layer, layer_fields
+
     sh, sw, pt, pb, pl, pr, dh, dw, groups = (int(v) for v in _attribute(eqn, "conv"))
     kernel = _attribute(eqn, "kernel")  # [O, KH, KW] when the weight is packed
     o, *window = (int(k) for k in kernel) if kernel is not None else (
         eqn.invars[1].aval.shape[0], *eqn.invars[1].aval.shape[2:])
+    fields = layer_fields(eqn)
+    x_channels = _attribute(eqn, "x_channels")  # the channels it reads of a larger x
+    if x_channels is not None:
+        n, _, h, w = fields["in_shapes"][0]
+        fields["in_shapes"] = ((n, int(x_channels), h, w), *fields["in_shapes"][1:])
     # out_shape is what the call returns: a concatenation's whole buffer when it writes into one
-    return _layer(eqn, "conv2d", in_channels=eqn.invars[0].aval.shape[1],
-                  out_channels=o, kernel_size=tuple(window), stride=(sh, sw),
+    return Layer(kind="conv2d", **fields, in_channels=fields["in_shapes"][0][1],
+                 out_channels=o, kernel_size=tuple(window), stride=(sh, sw),
                   padding=((pt, pb), (pl, pr)), dilation=(dh, dw), lhs_dilation=(1, 1), groups=groups,
                   batch_groups=1)
 
@@ -467,7 +478,9 @@ def _prologue_macs(eqn) -> Counter:
 
     if len(eqn.invars) < 6 or not math.prod(eqn.invars[5].aval.shape):
         return Counter()
-    inputs = math.prod(eqn.invars[0].aval.shape)
+    x = eqn.invars[0].aval.shape
+    channels = _attribute(eqn, "x_channels")  # what it reads of a larger x
+    inputs = math.prod(x) // x[1] * (x[1] if channels is None else int(channels))
     return epilogue(eqn, 3, int(_attribute(eqn, "prologue_activation")) != 0, inputs)
 
 
@@ -481,7 +494,8 @@ _CONV_ALGORITHMS: dict[str, ConvAlgorithm] = {}
 
 def register_conv_algorithm(name: str, target: str, symbol: str,
                             support: Callable[[ConvSpec], str | None], prepare=None,
-                            residual: bool = False, max_pool=None, prologue=None) -> None:
+                            residual: bool = False, max_pool=None, prologue=None,
+                            reads_prefix: bool = False) -> None:
     """Add a conv algorithm whose handler takes (x, prepared weight, bias[,
     residual]) and the "conv" and epilogue attributes of `JTILE_CONV_BINDING`
     (kernels/common.h); an empty residual buffer means none."""
@@ -489,12 +503,18 @@ def register_conv_algorithm(name: str, target: str, symbol: str,
     _registry.register(f"ffi_call:{target}", describe=_describe_conv_call, macs=_call_macs,
                        weights=(1, 2, 5), activations=(0, 3, 4))
     keep = ConvAlgorithm.prepare if prepare is None else prepare
-    _CONV_ALGORITHMS[name] = ConvAlgorithm(target, support, keep, residual, max_pool, prologue)
+    _CONV_ALGORITHMS[name] = ConvAlgorithm(target, support, keep, residual, max_pool, prologue, reads_prefix)
 
 
 def conv2d_writes_into(algorithm: str) -> bool:
     """Whether `conv2d(algorithm=...)` takes `into=` (writes into a concatenation's buffer)."""
     return algorithm in _CONV_ALGORITHMS and _CONV_ALGORITHMS[algorithm].residual
+
+
+def conv2d_reads_prefix(algorithm: str) -> bool:
+    """Whether `conv2d(algorithm=...)` takes `reads_prefix=True` (reads the first
+    channels of a concatenation's buffer)."""
+    return algorithm in _CONV_ALGORITHMS and _CONV_ALGORITHMS[algorithm].reads_prefix
 
 
 def conv2d_max_pool_support(algorithm: str, **geometry) -> str | None:
@@ -567,7 +587,8 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
            clip: Sequence[float] = (0.0, 6.0), residual: jax.Array | None = None,
            into: tuple[jax.Array | int, int] | None = None,
            max_pool: tuple[Pair, Pair, Padding] | None = None,
-           prologue: tuple[jax.Array, jax.Array, jax.Array, str | None] | None = None) -> jax.Array:
+           prologue: tuple[jax.Array, jax.Array, jax.Array, str | None] | None = None,
+           reads_prefix: bool = False) -> jax.Array:
     """2-D convolution by the C kernel `algorithm`, with bias, residual and activation fused.
 
     `x` NCHW, `w` OIHW `(O, C/groups, KH, KW)`, `b` `(O,)` or None;
@@ -595,18 +616,24 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
     per input channel; activation None, "relu" or "relu6") instead of `x`,
     applied as the kernel packs x: "smm" on 1x1, stride-1, unpadded convs of
     one group only (see `conv2d_prologue_support`).
+
+    `reads_prefix=True` lets `x`, of one image, hold more channels than the
+    conv reads: it convolves the first `C = w.shape[1] * groups` of them, so a
+    concatenation that later parts extend is read from their shared buffer
+    without a copy. "smm" only.
     """
     _check_activation("conv2d", activation)
     _require_float32("conv2d", x=x, w=w, b=b, residual=residual)
     config = dict(stride=tuple(int(s) for s in stride), padding=_padding(padding),
                   dilation=tuple(int(d) for d in dilation), groups=int(groups))
-    reason = conv2d_support(algorithm, x_shape=jnp.shape(x), w_shape=jnp.shape(w),
+    x_shape = _read_shape(algorithm, jnp.shape(x), jnp.shape(w), config["groups"], reads_prefix)
+    reason = conv2d_support(algorithm, x_shape=x_shape, w_shape=jnp.shape(w),
                             dtype=jnp.result_type(x), **config)
     if reason is not None:
         raise UnsupportedError(f"conv2d: algorithm {algorithm!r} cannot run this layer: {reason}")
     if b is not None and jnp.shape(b) != (jnp.shape(w)[0],):
         raise ConfigError(f"conv2d: bias must have shape ({jnp.shape(w)[0]},), got {jnp.shape(b)}")
-    spec = ConvSpec(jnp.shape(x), jnp.shape(w), dtype=np.dtype(np.float32), **config)
+    spec = ConvSpec(x_shape, jnp.shape(w), dtype=np.dtype(np.float32), **config)
     algo = _CONV_ALGORITHMS[algorithm]
     if residual is not None and jnp.shape(residual) != spec.out_shape:
         raise ConfigError(f"conv2d: residual must have the output's shape {spec.out_shape}, "
@@ -625,6 +652,7 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
                                                else _pool_attr(*pooled)}),
         **({} if algo.prologue is None else {
             "prologue_activation": np.int64(_ACTIVATIONS[prologue[3] if prologue else None])}),
+        **({"x_channels": np.int64(x_shape[1])} if algo.reads_prefix else {}),
     )
     out_shape = spec.out_shape if into is None else (1, _concat_channels(into), *spec.out_shape[2:])
     if pooled is not None:
@@ -649,6 +677,7 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
 
     def reference(x, w, b, *arrays):
         arrays = list(arrays)
+        x = x[:, :x_shape[1]]
         if has_prologue:
             shift, scale, bias = (a[None, :, None, None] for a in arrays[-3:])
             x = activation_reference((x - shift) * scale + bias, prologue[3])
@@ -665,6 +694,21 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
     operands = (x, w, b, *((residual,) if has_residual else ()), *((buffer,) if has_buffer else ()),
                 *(prologue[:3] if has_prologue else ()))
     return _with_reference_vjp(kernel, reference, derived=1)(*operands, weight)
+
+
+def _read_shape(name: str, x_shape, w_shape, groups: int, reads_prefix: bool) -> tuple:
+    """The part of x `conv2d` convolves: all of it, or with `reads_prefix` its
+    first `w_shape[1] * groups` channels."""
+    if not reads_prefix:
+        return tuple(x_shape)
+    if not conv2d_reads_prefix(name):
+        takers = " or ".join(repr(n) for n, a in _CONV_ALGORITHMS.items() if a.reads_prefix)
+        raise ConfigError(f"conv2d: algorithm {name!r} takes no reads_prefix=True; {takers} does")
+    channels = w_shape[1] * groups if len(w_shape) == 4 else None
+    if len(x_shape) != 4 or x_shape[0] != 1 or channels is None or x_shape[1] < channels:
+        raise ConfigError(f"conv2d: reads_prefix=True needs one NCHW image with at least the {channels} "
+                          f"channels the weight {tuple(w_shape)} reads (groups={groups}), got x {tuple(x_shape)}")
+    return (1, channels, *x_shape[2:])
 
 
 def _fused_pool(name: str, algo: ConvAlgorithm, spec: ConvSpec, max_pool, with_extras: bool):
@@ -809,7 +853,7 @@ def _smm_prologue(spec: ConvSpec) -> str | None:
 
 
 register_conv_algorithm("smm", "jtile_conv_smm", "JtileConvSmm", _any_conv, _smm_prepare, residual=True,
-                        prologue=_smm_prologue)
+                        prologue=_smm_prologue, reads_prefix=True)
 
 # ------------------------------------------------- grouped (channel-blocked) conv
 
@@ -1201,7 +1245,8 @@ LIBRARY_PATH, _UNAVAILABLE = _load_library()
 __all__ = [
     "Pair", "Padding", "LIBRARY_ENV", "activation_reference", "library_candidates",
     "kernel_unavailable", "warn_if_unavailable", "call_times", "CallTimes", "KernelCall", "ConvSpec", "ConvAlgorithm",
-    "register_conv_algorithm", "conv2d_reference", "conv2d_support", "conv2d", "conv2d_writes_into", "gemm_tile",
+    "register_conv_algorithm", "conv2d_reference", "conv2d_support", "conv2d", "conv2d_writes_into",
+    "conv2d_reads_prefix", "gemm_tile",
     "smm_pixel_rows", "pack_gemm_weight", "vector_lanes", "dense_reference", "GEMV_ROWS", "dense",
     "matmul_reference", "matmul",
     "max_pool2d_reference", "avg_pool2d_reference", "global_avg_pool2d_reference", "max_pool2d",

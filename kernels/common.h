@@ -546,17 +546,21 @@ inline ffi::Error decode_fused_pool(ffi::Span<const int64_t> a, FusedPool* p) {
 // "conv" attribute, checked against y (the conv's output, or with an active
 // `pool` the pooled output), and its epilogue. With channel0 >= 0 the conv
 // writes channels [channel0, channel0 + O) of a larger y of one image (a
-// concatenation's buffer; see conv_output).
+// concatenation's buffer; see conv_output). With x_channels >= 0 the conv
+// reads the first x_channels channels of an x of one image that may hold more
+// (a concatenation's buffer that later parts extend).
 inline ffi::Error decode_conv(const F32Buffer& x, const int64_t (&weight)[4], const F32Buffer& b,
                               ffi::Span<const int64_t> attr, F32Result& y, int64_t act,
                               float alpha, float lo, float hi, ConvShape* s, Epilogue* ep,
-                              int64_t channel0 = -1, const FusedPool& pool = {}) {
+                              int64_t channel0 = -1, const FusedPool& pool = {}, int64_t x_channels = -1) {
   auto xd = x.dimensions(), yd = y->dimensions();
   if (xd.size() != 4 || yd.size() != 4 || attr.size() != 9)
     return ffi::Error::InvalidArgument("jtile conv: expected NCHW x and y and 9 conv attributes");
-  *s = ConvShape{xd[0], xd[1], xd[2], xd[3], weight[0], weight[1], weight[2], weight[3],
+  const int64_t c = x_channels < 0 ? xd[1] : x_channels;
+  *s = ConvShape{xd[0], c, xd[2], xd[3], weight[0], weight[1], weight[2], weight[3],
                  attr[0], attr[1], attr[2], attr[3], attr[4], attr[5], attr[6], attr[7], attr[8], 0, 0};
-  bool ok = s->groups >= 1 && s->c == s->cg * s->groups && s->o % s->groups == 0 &&
+  bool ok = (c == xd[1] || (c < xd[1] && xd[0] == 1)) &&
+            s->groups >= 1 && s->c == s->cg * s->groups && s->o % s->groups == 0 &&
             (int64_t)b.element_count() == s->o && yd[0] == s->n &&
             (channel0 < 0 ? yd[1] == s->o : s->n == 1 && channel0 + s->o <= yd[1] && !pool.active()) &&
             s->sh >= 1 && s->sw >= 1 && s->dh >= 1 && s->dw >= 1 &&
@@ -591,17 +595,18 @@ inline float* conv_output(const ConvShape& s, F32Result& y, int64_t channel0) {
 inline int64_t conv_output_size(const ConvShape& s) { return s.n * s.o * s.oh * s.ow; }
 
 // A conv whose weight comes packed in the kernel's own layout: the OIHW
-// geometry is `kernel` ([O, KH, KW]) with C / groups input channels a group.
+// geometry is `kernel` ([O, KH, KW]) with C / groups input channels a group,
+// C the first x_channels of x's (all of them if negative; see decode_conv).
 inline ffi::Error decode_packed_conv(const char* name, const F32Buffer& x, ffi::Span<const int64_t> kernel,
                                      const F32Buffer& b, ffi::Span<const int64_t> attr, F32Result& y,
                                      int64_t act, float alpha, float lo, float hi, ConvShape* s, Epilogue* ep,
-                                     int64_t channel0 = -1, const FusedPool& pool = {}) {
+                                     int64_t channel0 = -1, const FusedPool& pool = {}, int64_t x_channels = -1) {
   auto xd = x.dimensions();
   if (xd.size() != 4 || attr.size() != 9 || attr[8] < 1 || kernel.size() != 3)
     return ffi::Error::InvalidArgument(std::string("jtile ") + name +
                                        ": expected NCHW x, 9 conv attributes (groups >= 1) and [O, KH, KW]");
-  const int64_t weight[4] = {kernel[0], xd[1] / attr[8], kernel[1], kernel[2]};
-  return decode_conv(x, weight, b, attr, y, act, alpha, lo, hi, s, ep, channel0, pool);
+  const int64_t weight[4] = {kernel[0], (x_channels < 0 ? xd[1] : x_channels) / attr[8], kernel[1], kernel[2]};
+  return decode_conv(x, weight, b, attr, y, act, alpha, lo, hi, s, ep, channel0, pool, x_channels);
 }
 
 }  // namespace jtile

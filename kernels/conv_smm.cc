@@ -176,11 +176,12 @@ struct PrologueColumns final : Operand {
 ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, F32Buffer res, F32Buffer,
                    ffi::Span<const int64_t> attr, int64_t act, float alpha, float lo, float hi, int64_t channel0,
                    ffi::Span<const int64_t> kernel, int64_t pixel_rows, F32Buffer prologue,
-                   int64_t prologue_activation, F32Result y) {
+                   int64_t prologue_activation, int64_t x_channels, F32Result y) {
   auto wd = w.dimensions();
   ConvShape s;
   Epilogue ep;
-  if (auto e = decode_packed_conv("smm", x, kernel, b, attr, y, act, alpha, lo, hi, &s, &ep, channel0); e.failure())
+  if (auto e = decode_packed_conv("smm", x, kernel, b, attr, y, act, alpha, lo, hi, &s, &ep, channel0, {}, x_channels);
+      e.failure())
     return e;
   const int64_t og = s.og(), taps = s.cg * s.kh * s.kw, pixels = s.oh * s.ow;
   const int r = pixel_rows ? GEMM_NR : GEMM_MR;
@@ -240,4 +241,5 @@ JTILE_DEFINE_HANDLER(JtileConvSmm, jtile::ConvSmm,
                          .Attr<int64_t>("pixel_rows")
                          .Arg<jtile::F32Buffer>()
                          .Attr<int64_t>("prologue_activation")
+                         .Attr<int64_t>("x_channels")
                          .Ret<jtile::F32Buffer>());

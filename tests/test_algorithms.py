@@ -792,6 +792,72 @@ def test_squeeze_excitation_scale_runs_inside_the_next_pointwise_conv(dense_laye
     assert ("mul" in _primitives(f, x)) == (batch == 2)
 
 
+# ------------------------------------------------ concatenations that grow in one buffer
+
+
+def _dense_block(p, x, read_first=False):
+    """DenseNet's block: each layer (batch norm -> relu -> 1x1 conv -> relu -> 3x3
+    conv) reads the concatenation of the block's input and every earlier layer's
+    output; `read_first` also returns the first concatenation."""
+    features, first = [x], None
+    for layer in p:
+        joined = jnp.concatenate(features, axis=1) if len(features) > 1 else x
+        first = joined if first is None and len(features) > 1 else first
+        normed = jax.nn.relu((joined - layer["mean"]) * layer["scale"] + layer["beta"])
+        y = jax.nn.relu(_conv(normed, layer["w1"], padding=0) + layer["b1"][:, None, None])
+        features.append(_conv(y, layer["w3"]))
+    out = jnp.concatenate(features, axis=1)
+    return (out, first) if read_first else out
+
+
+@pytest.fixture
+def dense_block(getkey):
+    def normal(shape, scale=0.3):
+        return scale * jax.random.normal(getkey(), shape)
+
+    return [{"mean": normal((1, c, 1, 1)), "scale": 1 + normal((1, c, 1, 1)), "beta": normal((1, c, 1, 1)),
+             "w1": normal((16, c, 1, 1)), "b1": normal((16,)), "w3": normal((8, 16, 3, 3))}
+            for c in (24, 32, 40, 48)]
+
+
+def _prefix_reads(fn, *args) -> int:
+    """Kernel calls that read fewer channels than their x holds."""
+    return sum(1 for e in _iter_eqns(jax.make_jaxpr(fn)(*args).jaxpr) if e.primitive.name == "ffi_call"
+               and "x_channels" in dict(e.params["attributes"] or ())
+               and int(np.asarray(dict(e.params["attributes"])["x_channels"])) < e.invars[0].aval.shape[1])
+
+
+@pytest.mark.parametrize("algorithms", ["auto", {"conv2d": "smm"}])
+def test_growing_concatenations_share_one_buffer(dense_block, getkey, tree_allclose, algorithms):
+    """Every layer's output is written once into the block's buffer, and layers
+    2-4 read their concatenation as the buffer's first channels: no copy left."""
+    x = jax.random.normal(getkey(), (1, 24, 11, 11))
+    ref = lambda x: _dense_block(dense_block, x)  # noqa: E731
+    f = _swapped_and_checked(ref, x, algorithms, tree_allclose)
+    hlo = _compiled(f, x)
+    assert "concatenate(" not in hlo and " copy(" not in hlo
+    assert _prefix_reads(f, x) == 3
+    swapped = _swapped_and_checked(ref, x, {"conv2d": "smm"}, tree_allclose)
+    assert jtile.summary(swapped, x).macs_by_category["conv"] == jtile.summary(fuse(ref), x).macs_by_category["conv"]
+
+
+def test_a_growing_concatenation_read_elsewhere_is_copied_out(dense_block, getkey, tree_allclose):
+    """The first concatenation is also returned: it is copied out of the buffer,
+    and its own layer reads the copy; the later layers still read prefixes."""
+    x = jax.random.normal(getkey(), (1, 24, 9, 9))
+    ref = lambda x: _dense_block(dense_block, x, read_first=True)  # noqa: E731
+    f = _swapped_and_checked(ref, x, {"conv2d": "smm"}, tree_allclose)
+    assert "concatenate(" not in _compiled(f, x)
+    assert _prefix_reads(f, x) == 2
+
+
+def test_gradients_through_growing_concatenations(dense_block, getkey, tree_allclose):
+    x = jax.random.normal(getkey(), (1, 24, 7, 7))
+    loss = lambda p, x: jnp.sum(_dense_block(p, x) ** 2)  # noqa: E731
+    got = jax.grad(swap_backend(loss, algorithms={"conv2d": "smm"}), argnums=(0, 1))(dense_block, x)
+    assert tree_allclose(got, jax.grad(loss, argnums=(0, 1))(dense_block, x), rtol=1e-3, atol=1e-3)
+
+
 # ------------------------------------------------ an average pool run before the linear 1x1 conv
 
 

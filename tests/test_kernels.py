@@ -638,6 +638,41 @@ def test_pointwise_conv_applies_its_prologue(n, c, o, size, activation):
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=3e-4)
 
 
+# A conv that reads the first channels of a larger x (a concatenation's buffer
+# that later parts extend, as in DenseNet's dense blocks).
+@pytest.mark.parametrize("c, extra, o, size, window, groups, prologue", [
+    (40, 56, 24, 7, 1, 1, True),    # DenseNet's 1x1 conv after its batch norm and ReLU
+    (40, 8, 24, 9, 1, 1, False),
+    (24, 40, 16, 11, 3, 1, False),  # padded 3x3, im2col gathered from the buffer
+    (512, 32, 512, 7, 1, 1, False),  # pixel rows (smm_pixel_rows)
+    (16, 16, 8, 6, 3, 2, False),    # two groups
+])
+def test_conv_reads_the_first_channels_of_a_larger_input(c, extra, o, size, window, groups, prologue):
+    rng = np.random.default_rng(8)
+    buffer, w, b = _normal(rng, (1, c + extra, size, size)), _normal(rng, (o, c // groups, window, window)), \
+        _normal(rng, o)
+    kw = dict(padding=((window // 2,) * 2,) * 2, groups=groups, activation="relu")
+    if prologue:
+        kw["prologue"] = (_normal(rng, c), _normal(rng, c), _normal(rng, c), "relu")
+    got = jax.jit(lambda buffer: kernels.conv2d(buffer, w, b, algorithm="smm", reads_prefix=True, **kw))(buffer)
+    x = buffer[:, :c]
+    if prologue:
+        shift, scale, bias, _ = (np.asarray(v)[:, None, None] if i < 3 else v for i, v in enumerate(kw.pop("prologue")))
+        x = np.maximum((x - shift) * scale + bias, 0)
+    np.testing.assert_allclose(np.asarray(got), kernels.conv2d_reference(x, w, b, **kw), rtol=1e-4, atol=3e-4)
+
+
+@pytest.mark.parametrize("algorithm, x_shape, message", [
+    ("winograd", (1, 12, 7, 7), "'winograd' takes no reads_prefix=True; 'smm' does"),
+    ("smm", (2, 12, 7, 7), r"needs one NCHW image with at least the 8 channels .* got x \(2, 12, 7, 7\)"),
+    ("smm", (1, 6, 7, 7), r"at least the 8 channels"),
+])
+def test_conv_reads_prefix_refuses_what_it_cannot_read(algorithm, x_shape, message):
+    x, w = np.zeros(x_shape, np.float32), np.zeros((16, 8, 3, 3), np.float32)
+    with pytest.raises(jtile.ConfigError, match=message):
+        kernels.conv2d(x, w, algorithm=algorithm, padding=((1, 1), (1, 1)), reads_prefix=True)
+
+
 @pytest.mark.parametrize("algorithm, w_shape, groups, prologue, message", [
     ("grouped", (16, 8, 1, 1), 1, None, "'grouped' takes no prologue=; 'smm' does"),
     ("smm", (16, 8, 3, 3), 1, None, r"a prologue is applied to a 1x1"),

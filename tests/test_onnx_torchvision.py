@@ -240,17 +240,20 @@ def test_exported_stem_pools_inside_its_conv(name):
     assert relative_error(jax.jit(swapped)(x.numpy()), onnxruntime_outputs(data, x.numpy())[0]) < RTOL
 
 
-@pytest.mark.parametrize("name, prologues, pooled_first", [
-    ("densenet121", 6 + 12 + 24 + 16, [256, 512, 1024]),  # the dense layers' batch norms; the transitions
+@pytest.mark.parametrize("name, prologues, pooled_first, prefix_reads", [
+    # the dense layers' batch norms; the transitions; every dense layer but each block's first reads its
+    # concatenation as the first channels of the block's buffer
+    ("densenet121", 6 + 12 + 24 + 16, [256, 512, 1024], 5 + 11 + 23 + 15),
     # every squeeze-excitation block's scale but the four projections from 1152
     # channels at 7x7, which run in pixel rows (smm_pixel_rows), where x is not packed through them
-    ("efficientnet_b0", 16 - 4, []),
+    ("efficientnet_b0", 16 - 4, [], 0),
 ])
-def test_exported_pointwise_convs_take_the_ops_around_them(name, prologues, pooled_first):
+def test_exported_pointwise_convs_take_the_ops_around_them(name, prologues, pooled_first, prefix_reads):
     """DenseNet's batch norm and ReLU before each dense layer's 1x1 conv, and
     EfficientNet's squeeze-excitation scale before each block's projection, run
     inside the conv's call under `swap_backend` (x packed through them);
-    DenseNet's transitions average-pool before their 1x1 conv. The output still
+    DenseNet's transitions average-pool before their 1x1 conv, and its dense
+    layers read their concatenations from one buffer per block. The output still
     matches ONNX Runtime."""
     from jtile.algorithms import swap_backend
     from jtile.fusion import fold_params
@@ -263,4 +266,6 @@ def test_exported_pointwise_convs_take_the_ops_around_them(name, prologues, pool
     assert sum(np.prod(e.invars[5].aval.shape) > 0 for e in calls) == prologues
     pooled = [e.invars[0].aval.shape[1] for e in kernels if e.params["target_name"] == "jtile_avg_pool2d"]
     assert pooled == pooled_first  # the transitions pool their 256, 512, 1024 input channels, not the conv's half
+    attributes = [dict(e.params["attributes"]) for e in calls]
+    assert sum(int(a["x_channels"]) < e.invars[0].aval.shape[1] for a, e in zip(attributes, calls)) == prefix_reads
     assert relative_error(jax.jit(swapped)(x.numpy()), onnxruntime_outputs(data, x.numpy())[0]) < RTOL
