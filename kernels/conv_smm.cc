@@ -128,7 +128,12 @@ struct Im2col final : Operand {
         const float* in = run.image + (c * s.h + iy) * s.w + ix;
         std::fill(out, out + lo, 0.0f);
         if (s.sw == 1) {
-          std::memcpy(out + lo, in + lo, (hi - lo) * sizeof(float));
+          // Runs are short (an output row of a strip, often under 32 floats):
+          // inline vector copies, not a memcpy call per run (which took 7% of a
+          // 5x5 64->192 conv at 27x27).
+          int64_t e = lo;
+          for (; e + W <= hi; e += W) vstore(out + e, vload(in + e));
+          if (e < hi) vstore_partial(out + e, vload_partial(in + e, int(hi - e)), int(hi - e));
         } else {
           int64_t e = lo;
           for (; e + W <= hi; e += W) vstore(out + e, vload_strided(in + e * s.sw, s.sw));
