@@ -350,7 +350,8 @@ def _assemble(eqn, invals, assembly: Assembly, buffers: dict, filled: dict, plan
         channel0 += value.shape[1]
     filled[assembly.buffer] = channel0
     if assembly.buffer == id(eqn):  # the chain's last: the buffer is complete
-        del buffers[assembly.buffer], filled[assembly.buffer]
+        buffers.pop(assembly.buffer, None)
+        del filled[assembly.buffer]
         return whole
     buffers[assembly.buffer] = whole
     return whole if assembly.whole else lax.slice_in_dim(whole, 0, assembly.channels, axis=1)
