@@ -851,6 +851,17 @@ def test_a_growing_concatenation_read_elsewhere_is_copied_out(dense_block, getke
     assert _prefix_reads(f, x) == 2
 
 
+def test_growing_concatenations_of_parts_on_xla_are_copied_in_once(dense_block, getkey, tree_allclose):
+    """The 3x3 convs stay on XLA: no part is written in place, each is copied
+    into the buffer once, and the 1x1 convs still read prefixes."""
+    x = jax.random.normal(getkey(), (1, 24, 9, 9))
+    ref = lambda x: _dense_block(dense_block, x)  # noqa: E731
+    f = _swapped_and_checked(ref, x, {"conv2d": ["smm", "default"] * 4}, tree_allclose)
+    hlo = _compiled(f, x)
+    assert "concatenate(" not in hlo and hlo.count("dynamic-update-slice(") >= 1
+    assert _prefix_reads(f, x) == 3
+
+
 def test_gradients_through_growing_concatenations(dense_block, getkey, tree_allclose):
     x = jax.random.normal(getkey(), (1, 24, 7, 7))
     loss = lambda p, x: jnp.sum(_dense_block(p, x) ** 2)  # noqa: E731
