@@ -86,14 +86,15 @@ def _conv_support(name: str):
 
 def _conv_run(name: str):
     def run(eqn, x, w, *epilogue_operands, producers, into=None, max_pool=None, prologue=None,
-            reads_prefix=False):
+            reads_prefix=False, x_layout="NCHW", y_layout="NCHW"):
         """`into=(buffer or channels, channel0)`: write into a concatenation's
         buffer (`jtile.kernels.conv2d`), for an NCHW output whose epilogue the
         kernel fuses (`writes_into`); `max_pool=` the equation of a max pool to
         compute in the same call (`pools`), returning its output; `prologue=`
         `(shift, scale, bias, activation)` applied to x first (`takes_prologue`);
         `reads_prefix=True`: x is a concatenation's buffer whose first channels
-        are the conv's input (`reads_prefix`)."""
+        are the conv's input (`reads_prefix`); `x_layout` / `y_layout`
+        "NCHWc": x comes, y goes, channel-blocked (`blocks`)."""
         lhs_spec, rhs_spec, out_spec = eqn.params["dimension_numbers"]
         geometry = _conv_geometry(eqn)
         del geometry["x_shape"], geometry["w_shape"]
@@ -107,6 +108,7 @@ def _conv_run(name: str):
                 **({"max_pool": _pool_window(max_pool)} if max_pool is not None else {}),
                 **({"prologue": prologue} if prologue is not None else {}),
                 **({"reads_prefix": True} if reads_prefix else {}),
+                **({"x_layout": x_layout, "y_layout": y_layout} if "NCHWc" in (x_layout, y_layout) else {}),
             )
             return _restore(y, out_spec)
 
@@ -141,6 +143,38 @@ def reads_prefix(conv, algorithm: str) -> bool:
     lhs_spec = conv.params["dimension_numbers"][0]
     return (_kernels().conv2d_reads_prefix(algorithm) and tuple(lhs_spec) == (0, 1, 2, 3)
             and conv.invars[0].aval.shape[0] == 1)
+
+
+def blocks(conv, algorithm: str, side: str) -> bool:
+    """Whether the conv equation `conv`, run by `algorithm`, can take its x
+    (`side` "x") or give its y ("y") channel-blocked (NCHWc): NCHW dimension
+    numbers, an epilogue the kernel fuses, no residual with a blocked y, and a
+    kernel that blocks this layer."""
+    g = ConvGeometry.of(conv)
+    if (g.lhs_spec, g.out_spec) != ((0, 1, 2, 3),) * 2 or not _fused_epilogue(conv, out_axis=1):
+        return False
+    if side == "y" and len(conv.invars) > 3:
+        return False
+    layouts = {"x_layout": "NCHWc"} if side == "x" else {"y_layout": "NCHWc"}
+    return _kernels().conv2d_nchwc_support(algorithm, **layouts, **_conv_geometry(conv)) is None
+
+
+def blocking_pays(shape, readers) -> bool:
+    """Whether keeping an activation of NCHW `shape` channel-blocked (NCHWc)
+    pays, read by the conv equations `readers` (`jtile._nchwc`).
+
+    Measured per call inside MobileNetV2 against the same layers in NCHW: at
+    14x14 and 7x7 blocked depthwise convs take 0.55-0.75x the time and the 1x1
+    convs around them 0.85-1.0x; at 28x28 they are level. At 56x56 and
+    112x112 a stride-1 depthwise conv runs faster on NCHW planes (144@56: 98
+    against 119 us) and a 1x1 conv projecting to few channels in channel rows
+    (144->24 at 56x56: 113 against 154 us), but a stride-2 depthwise conv
+    reads a blocked input faster (144@56: 55 against 80 us, 96@112: 158
+    against 190)."""
+    if shape[2] * shape[3] <= 28 * 28:
+        return True
+    geometries = [ConvGeometry.of(conv) for conv in readers]
+    return all(g.groups == g.in_shape[1] and min(g.stride) >= 2 for g in geometries)
 
 
 def takes_prologue(conv, algorithm: str) -> bool:

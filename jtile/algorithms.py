@@ -18,7 +18,9 @@ buffer where their kernels can (`jtile._concat_in_place`), and a max pool over
 a conv's output is computed in the conv's call where its kernel can
 (`jtile._pool_in_conv`), as is a per-channel affine chain and ReLU before a
 1x1 conv (`jtile._conv_prologue`); an average pool after a linear 1x1 conv
-runs before it, on the conv's input (`jtile._pool_before_conv`).
+runs before it, on the conv's input (`jtile._pool_before_conv`). Activations
+that pass only between kernel convs that can take them channel-blocked stay
+so (`jtile._nchwc`).
 
 !!! warning
 
@@ -44,6 +46,7 @@ from ._errors import ConfigError, UnsupportedError, reject_positional, reject_un
 from ._graph import Graph
 from ._interpreter import bind, transform
 from ._layers import Layer
+from ._nchwc import Blocked, find_blocked
 from ._pool_before_conv import find_pools_first
 from ._pool_in_conv import find_pooled_convs
 from .kernels import warn_if_unavailable
@@ -200,6 +203,7 @@ class _Plan:
     pooled: dict = dataclasses.field(default_factory=dict)  # id(conv eqn) -> the max pool it computes
     prologues: dict[int, Prologue] = dataclasses.field(default_factory=dict)  # id(conv eqn) -> its chain
     pools_first: dict = dataclasses.field(default_factory=dict)  # id(conv eqn) -> the sum pool run before it
+    blocked: Blocked = Blocked(frozenset(), frozenset())  # convs writing / reading NCHWc
 
 
 def _find_layers(graph: Graph, kinds_wanted):
@@ -271,6 +275,14 @@ def _plan(closed: jcore.ClosedJaxpr, selectors: dict[str, Selector]) -> _Plan:
     plan.parts, plan.assemblies, plan.prefix_readers = find_parts(graph, writes_into, prefix_reader)
     plan.pooled = find_pooled_convs(graph, pools)
     plan.dropped |= {id(pool) for pool in plan.pooled.values()}
+
+    fused = {*plan.parts, *plan.pooled, *plan.prologues, *plan.prefix_readers, *plan.pools_first}
+
+    def blocks(side: str):
+        return lambda conv: (swapped_conv(conv) and id(conv) not in fused
+                             and kinds.blocks(conv, plan.swaps[id(conv)].name, side))
+
+    plan.blocked = find_blocked(graph, blocks("y"), blocks("x"), kinds.blocking_pays)
     return plan
 
 
@@ -299,6 +311,10 @@ def _rules(plan: _Plan) -> dict:
             run = functools.partial(run, prologue=_prologue(eqn, plan.prologues[id(eqn)], operands.pop(id(eqn))))
         if id(eqn) in plan.prefix_readers:
             run = functools.partial(run, reads_prefix=True)
+        if id(eqn) in plan.blocked.readers:
+            run = functools.partial(run, x_layout="NCHWc")
+        if id(eqn) in plan.blocked.writers:
+            run = functools.partial(run, y_layout="NCHWc")
         if id(eqn) in plan.pooled:  # the pool's equation, dropped, passes this output on
             return run(eqn, *invals, producers=plan.producers, max_pool=plan.pooled[id(eqn)])
         if id(eqn) not in plan.parts:

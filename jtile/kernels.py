@@ -330,7 +330,8 @@ TOLERANCE = {"direct": 1e-5, "grouped": 1e-5, "smm": 2e-6, "winograd": 5e-5, "de
 
 @dataclasses.dataclass(frozen=True)
 class ConvSpec:
-    """One 2-D convolution: NCHW input, OIHW weight, explicit padding."""
+    """One 2-D convolution: NCHW input shape, OIHW weight, explicit padding, and
+    the layouts x and y are stored in ("NCHW", or "NCHWc": see `to_nchwc`)."""
 
     x_shape: tuple[int, int, int, int]
     w_shape: tuple[int, int, int, int]
@@ -339,6 +340,12 @@ class ConvSpec:
     dilation: Pair
     groups: int
     dtype: np.dtype
+    layouts: tuple[str, str] = ("NCHW", "NCHW")
+
+    @property
+    def nchwc(self) -> bool:
+        """Whether x or y is channel-blocked."""
+        return "NCHWc" in self.layouts
 
     @property
     def out_shape(self) -> tuple[int, int, int, int]:
@@ -393,6 +400,10 @@ class ConvAlgorithm:
     # x_channels channels of an x of one image that may hold more
     # (`conv2d(reads_prefix=True)`).
     reads_prefix: bool = False
+    # Why the handler cannot take this layer's x or y channel-blocked
+    # (`conv2d(x_layout=, y_layout=)`, the "x_nchwc" and "y_nchwc"
+    # attributes), or None; unset: NCHW only.
+    nchwc: Callable[[ConvSpec], str | None] | None = None
 
 
 # ------------------------------------------- what a kernel call computes
@@ -419,6 +430,10 @@ def _describe_conv_call(eqn):
     o, *window = (int(k) for k in kernel) if kernel is not None else (
         eqn.invars[1].aval.shape[0], *eqn.invars[1].aval.shape[2:])
     fields = layer_fields(eqn)
+    if _attribute(eqn, "x_nchwc"):
+        fields["in_shapes"] = (nchw_shape(fields["in_shapes"][0]), *fields["in_shapes"][1:])
+    if _attribute(eqn, "y_nchwc"):
+        fields["out_shape"] = nchw_shape(fields["out_shape"])
     x_channels = _attribute(eqn, "x_channels")  # the channels it reads of a larger x
     if x_channels is not None:
         n, _, h, w = fields["in_shapes"][0]
@@ -495,7 +510,7 @@ _CONV_ALGORITHMS: dict[str, ConvAlgorithm] = {}
 def register_conv_algorithm(name: str, target: str, symbol: str,
                             support: Callable[[ConvSpec], str | None], prepare=None,
                             residual: bool = False, max_pool=None, prologue=None,
-                            reads_prefix: bool = False) -> None:
+                            reads_prefix: bool = False, nchwc=None) -> None:
     """Add a conv algorithm whose handler takes (x, prepared weight, bias[,
     residual]) and the "conv" and epilogue attributes of `JTILE_CONV_BINDING`
     (kernels/common.h); an empty residual buffer means none."""
@@ -503,7 +518,7 @@ def register_conv_algorithm(name: str, target: str, symbol: str,
     _registry.register(f"ffi_call:{target}", describe=_describe_conv_call, macs=_call_macs,
                        weights=(1, 2, 5), activations=(0, 3, 4))
     keep = ConvAlgorithm.prepare if prepare is None else prepare
-    _CONV_ALGORITHMS[name] = ConvAlgorithm(target, support, keep, residual, max_pool, prologue, reads_prefix)
+    _CONV_ALGORITHMS[name] = ConvAlgorithm(target, support, keep, residual, max_pool, prologue, reads_prefix, nchwc)
 
 
 def conv2d_writes_into(algorithm: str) -> bool:
@@ -528,6 +543,52 @@ def conv2d_prologue_support(algorithm: str, **geometry) -> str | None:
     """Why `conv2d(algorithm=..., prologue=...)` cannot apply a prologue to
     this layer, or None; the layer as for `conv2d_max_pool_support`."""
     return _extra_support(algorithm, "prologue", _geometry_spec(**geometry))
+
+
+def conv2d_nchwc_support(algorithm: str, x_layout: str = "NCHW", y_layout: str = "NCHW",
+                         **geometry) -> str | None:
+    """Why `conv2d(algorithm=..., x_layout=..., y_layout=...)` cannot take
+    this layer's x or y in those layouts, or None; the layer as for
+    `conv2d_max_pool_support`, x_shape NCHW whatever its layout."""
+    spec = dataclasses.replace(_geometry_spec(**geometry), layouts=_layouts(x_layout, y_layout))
+    return _extra_support(algorithm, "nchwc", spec) if spec.nchwc else None
+
+
+def _layouts(x_layout: str, y_layout: str) -> tuple[str, str]:
+    for name, layout in (("x_layout", x_layout), ("y_layout", y_layout)):
+        if layout not in ("NCHW", "NCHWc"):
+            raise ConfigError(f"conv2d: {name} must be 'NCHW' or 'NCHWc', got {layout!r}")
+    return x_layout, y_layout
+
+
+def nchwc_shape(shape: Sequence[int]) -> tuple[int, ...]:
+    """The NCHWc shape `(N, C / W, H, W_img, W)` of an NCHW shape, W = `vector_lanes()`."""
+    lanes = vector_lanes()
+    n, c, h, w = shape
+    if c % lanes:
+        raise ConfigError(f"NCHWc: {c} channels do not split into blocks of {lanes} (the kernels' vector lanes)")
+    return n, c // lanes, h, w, lanes
+
+
+def nchw_shape(shape: Sequence[int]) -> tuple[int, int, int, int]:
+    """The NCHW shape of an NCHWc shape."""
+    n, blocks, h, w, lanes = shape
+    return n, blocks * lanes, h, w
+
+
+def to_nchwc(x: jax.Array) -> jax.Array:
+    """NCHW `x` channel-blocked, as ONNX Runtime's NCHWc: `(N, C / W, H, W_img, W)`,
+    the W = `vector_lanes()` channels of each position in one vector; C must
+    be a multiple of W."""
+    n, blocks, h, w, lanes = nchwc_shape(jnp.shape(x))
+    return jnp.reshape(x, (n, blocks, lanes, h, w)).transpose(0, 1, 3, 4, 2)
+
+
+def from_nchwc(x: jax.Array) -> jax.Array:
+    """NCHWc `x` (see `to_nchwc`) back in NCHW."""
+    if jnp.ndim(x) != 5 or jnp.shape(x)[4] != vector_lanes():
+        raise ConfigError(f"NCHWc: expected (N, C / {vector_lanes()}, H, W, {vector_lanes()}), got {jnp.shape(x)}")
+    return jnp.transpose(x, (0, 1, 4, 2, 3)).reshape(nchw_shape(jnp.shape(x)))
 
 
 def _geometry_spec(x_shape: Sequence[int], w_shape: Sequence[int], stride: Pair = (1, 1),
@@ -588,7 +649,7 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
            into: tuple[jax.Array | int, int] | None = None,
            max_pool: tuple[Pair, Pair, Padding] | None = None,
            prologue: tuple[jax.Array, jax.Array, jax.Array, str | None] | None = None,
-           reads_prefix: bool = False) -> jax.Array:
+           reads_prefix: bool = False, x_layout: str = "NCHW", y_layout: str = "NCHW") -> jax.Array:
     """2-D convolution by the C kernel `algorithm`, with bias, residual and activation fused.
 
     `x` NCHW, `w` OIHW `(O, C/groups, KH, KW)`, `b` `(O,)` or None;
@@ -621,25 +682,49 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
     conv reads: it convolves the first `C = w.shape[1] * groups` of them, so a
     concatenation that later parts extend is read from their shared buffer
     without a copy. "smm" only.
+
+    `x_layout="NCHWc"` takes x channel-blocked (see `to_nchwc`) and
+    `y_layout="NCHWc"` returns y so (a residual then comes in y's layout), so
+    that consecutive kernel layers pass activations on without transposing
+    them: "depthwise" with one output channel per input channel, "smm" of one
+    group and one image in pixel rows (an NCHWc x on 1x1, stride-1, unpadded
+    convs); channels a multiple of the vector lanes (see
+    `conv2d_nchwc_support`). Not with `into`, `max_pool`, `prologue` or
+    `reads_prefix`.
     """
     _check_activation("conv2d", activation)
     _require_float32("conv2d", x=x, w=w, b=b, residual=residual)
     config = dict(stride=tuple(int(s) for s in stride), padding=_padding(padding),
                   dilation=tuple(int(d) for d in dilation), groups=int(groups))
-    x_shape = _read_shape(algorithm, jnp.shape(x), jnp.shape(w), config["groups"], reads_prefix)
+    layouts = _layouts(x_layout, y_layout)
+    x_nchwc, y_nchwc = (layout == "NCHWc" for layout in layouts)
+    if (x_nchwc or y_nchwc) and (into is not None or max_pool is not None or prologue is not None or reads_prefix):
+        raise ConfigError("conv2d: NCHWc layouts do not combine with into=, max_pool=, prologue= or reads_prefix=; "
+                          "run the layer in NCHW")
+    if x_nchwc and (jnp.ndim(x) != 5 or jnp.shape(x)[4] != vector_lanes()):
+        raise ConfigError(f"conv2d: an NCHWc x is (N, C / {vector_lanes()}, H, W, {vector_lanes()}), "
+                          f"got {jnp.shape(x)}; block it with to_nchwc")
+    x_shape = _read_shape(algorithm, nchw_shape(jnp.shape(x)) if x_nchwc else jnp.shape(x), jnp.shape(w),
+                          config["groups"], reads_prefix)
     reason = conv2d_support(algorithm, x_shape=x_shape, w_shape=jnp.shape(w),
                             dtype=jnp.result_type(x), **config)
     if reason is not None:
         raise UnsupportedError(f"conv2d: algorithm {algorithm!r} cannot run this layer: {reason}")
     if b is not None and jnp.shape(b) != (jnp.shape(w)[0],):
         raise ConfigError(f"conv2d: bias must have shape ({jnp.shape(w)[0]},), got {jnp.shape(b)}")
-    spec = ConvSpec(x_shape, jnp.shape(w), dtype=np.dtype(np.float32), **config)
+    spec = ConvSpec(x_shape, jnp.shape(w), dtype=np.dtype(np.float32), layouts=layouts, **config)
     algo = _CONV_ALGORITHMS[algorithm]
-    if residual is not None and jnp.shape(residual) != spec.out_shape:
-        raise ConfigError(f"conv2d: residual must have the output's shape {spec.out_shape}, "
+    if spec.nchwc:
+        reason = _extra_support(algorithm, "nchwc", spec)
+        if reason is not None:
+            raise UnsupportedError(f"conv2d: algorithm {algorithm!r} cannot take x as {x_layout} and y as "
+                                   f"{y_layout}: {reason}; use NCHW")
+    y_shape = nchwc_shape(spec.out_shape) if y_nchwc else spec.out_shape
+    if residual is not None and jnp.shape(residual) != y_shape:
+        raise ConfigError(f"conv2d: residual must have the output's shape {y_shape}, "
                           f"got {jnp.shape(residual)}")
     if residual is not None and not algo.residual:
-        y = conv2d(x, w, b, algorithm=algorithm, **config)
+        y = conv2d(x, w, b, algorithm=algorithm, **config, x_layout=x_layout, y_layout=y_layout)
         return activation_reference(y + residual, activation, alpha, clip, beta)
     buffer, channel0 = _concat_slot(algorithm, algo, spec, into)
     pooled = _fused_pool(algorithm, algo, spec, max_pool, residual is not None or into is not None)
@@ -653,8 +738,9 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
         **({} if algo.prologue is None else {
             "prologue_activation": np.int64(_ACTIVATIONS[prologue[3] if prologue else None])}),
         **({"x_channels": np.int64(x_shape[1])} if algo.reads_prefix else {}),
+        **({} if algo.nchwc is None else {"x_nchwc": np.int64(x_nchwc), "y_nchwc": np.int64(y_nchwc)}),
     )
-    out_shape = spec.out_shape if into is None else (1, _concat_channels(into), *spec.out_shape[2:])
+    out_shape = y_shape if into is None else (1, _concat_channels(into), *spec.out_shape[2:])
     if pooled is not None:
         out_shape = _pool_out_shape("conv2d", jax.ShapeDtypeStruct(out_shape, jnp.float32), *pooled)
     out = jax.ShapeDtypeStruct(out_shape, jnp.float32)
@@ -677,6 +763,10 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
 
     def reference(x, w, b, *arrays):
         arrays = list(arrays)
+        if x_nchwc:
+            x = from_nchwc(x)
+        if y_nchwc and has_residual:
+            arrays[0] = from_nchwc(arrays[0])
         x = x[:, :x_shape[1]]
         if has_prologue:
             shift, scale, bias = (a[None, :, None, None] for a in arrays[-3:])
@@ -687,7 +777,7 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
         if pooled is not None:
             return max_pool2d_reference(y, *pooled)
         if into is None:
-            return y
+            return to_nchwc(y) if y_nchwc else y
         whole = arrays.pop(0) if has_buffer else jnp.zeros(out_shape, jnp.float32)
         return lax.dynamic_update_slice_in_dim(whole, y, channel0, axis=1)
 
@@ -834,7 +924,7 @@ def pack_gemm_weight(w: jax.Array, groups: int, rows: int) -> jax.Array:
 
 
 def _smm_prepare(spec: ConvSpec, w: jax.Array) -> tuple[jax.Array, dict]:
-    pixel_rows = smm_pixel_rows(spec)
+    pixel_rows = spec.nchwc or smm_pixel_rows(spec)
     rows = gemm_tile()[1 if pixel_rows else 0]
     return pack_gemm_weight(w, spec.groups, rows), dict(
         kernel=np.array([spec.w_shape[0], *spec.w_shape[2:]], np.int64),
@@ -852,8 +942,23 @@ def _smm_prologue(spec: ConvSpec) -> str | None:
     return None
 
 
+def _smm_nchwc(spec: ConvSpec) -> str | None:
+    """NCHWc in pixel rows: the GEMM broadcasts x from its blocks and stores
+    vectors of output channels into theirs."""
+    lanes, (x_layout, y_layout) = vector_lanes(), spec.layouts
+    pointwise = spec.w_shape[2:] == (1, 1) and spec.stride == (1, 1) and spec.padding == ((0, 0), (0, 0))
+    problems = [
+        *(["it runs one image of one group only"] if spec.x_shape[0] != 1 or spec.groups != 1 else []),
+        *([f"an NCHWc x needs a 1x1, stride-1, unpadded conv over a multiple of {lanes} channels"]
+          if x_layout == "NCHWc" and (not pointwise or spec.x_shape[1] % lanes) else []),
+        *([f"an NCHWc y needs a multiple of {lanes} output channels"]
+          if y_layout == "NCHWc" and spec.w_shape[0] % lanes else []),
+    ]
+    return "; ".join(problems) or None
+
+
 register_conv_algorithm("smm", "jtile_conv_smm", "JtileConvSmm", _any_conv, _smm_prepare, residual=True,
-                        prologue=_smm_prologue, reads_prefix=True)
+                        prologue=_smm_prologue, reads_prefix=True, nchwc=_smm_nchwc)
 
 # ------------------------------------------------- grouped (channel-blocked) conv
 
@@ -936,7 +1041,17 @@ def _depthwise_support(spec: ConvSpec) -> str | None:
 
 register_conv_algorithm("winograd", "jtile_conv_winograd", "JtileConvWinograd", _winograd_support,
                         residual=True)
-register_conv_algorithm("depthwise", "jtile_conv_depthwise", "JtileConvDepthwise", _depthwise_support)
+def _depthwise_nchwc(spec: ConvSpec) -> str | None:
+    """NCHWc channel blocks: one output channel per input channel, whole vectors of them."""
+    channels, lanes = spec.x_shape[1], vector_lanes()
+    if spec.w_shape[0] != channels or channels % lanes:
+        return (f"NCHWc needs one output channel per input channel and a multiple of {lanes} of them; "
+                f"this layer maps {channels} to {spec.w_shape[0]}")
+    return None
+
+
+register_conv_algorithm("depthwise", "jtile_conv_depthwise", "JtileConvDepthwise", _depthwise_support,
+                        nchwc=_depthwise_nchwc)
 
 # ----------------------------------------------------------------- end more
 
@@ -1247,7 +1362,8 @@ __all__ = [
     "kernel_unavailable", "warn_if_unavailable", "call_times", "CallTimes", "KernelCall", "ConvSpec", "ConvAlgorithm",
     "register_conv_algorithm", "conv2d_reference", "conv2d_support", "conv2d", "conv2d_writes_into",
     "conv2d_reads_prefix", "gemm_tile",
-    "smm_pixel_rows", "pack_gemm_weight", "vector_lanes", "dense_reference", "GEMV_ROWS", "dense",
+    "smm_pixel_rows", "pack_gemm_weight", "to_nchwc", "from_nchwc", "nchwc_shape", "nchw_shape",
+    "conv2d_nchwc_support", "vector_lanes", "dense_reference", "GEMV_ROWS", "dense",
     "matmul_reference", "matmul",
     "max_pool2d_reference", "avg_pool2d_reference", "global_avg_pool2d_reference", "max_pool2d",
     "avg_pool2d", "global_avg_pool2d", "resize2d_reference", "resize2d", "LIBRARY_PATH"

@@ -30,10 +30,11 @@ struct Blocked {
 
 // The input rows output rows [oy0, oy1) read, for output channels [o0, o0 +
 // W), as buf[(r * cols + j) * W + lane] = padded input row oy0 * sh - pt + r,
-// column j, of input channel c of the group of output channel o0 + lane.
+// column j, of input channel c of the group of output channel o0 + lane (x
+// NCHW, or with `nchwc` NCHWc, channel o0 + lane itself: depthwise).
 // Padding columns are zero already (never written); rows in the vertical
 // padding are zeroed here.
-void load_band(const Blocked& p, const float* x, int64_t o0, int64_t c, int64_t oy0, int64_t oy1,
+void load_band(const Blocked& p, const float* x, int64_t o0, int64_t c, int64_t oy0, int64_t oy1, bool nchwc,
                float* buf) {
   const ConvShape& s = p.s;
   const int64_t rows = p.in_rows(oy1 - oy0), first = oy0 * s.sh - s.pt;  // input row of buffer row 0
@@ -42,6 +43,15 @@ void load_band(const Blocked& p, const float* x, int64_t o0, int64_t c, int64_t 
     if (first + r < y0 || first + r >= y1)
       for (int64_t j = 0; j < p.cols; ++j) vstore(buf + (r * p.cols + j) * W, vzero());
   if (y0 >= y1) return;
+  if (nchwc) {  // x + ((o0 / W) * h + y) * w * W holds row y's vectors of the lanes' channels
+    const int64_t count = std::min(s.w, p.cols - s.pl) * W;
+    for (int64_t y = y0; y < y1; ++y) {
+      const float* src = x + ((o0 / W) * s.h + y) * s.w * W;
+      float* dst = buf + ((y - first) * p.cols + s.pl) * W;
+      for (int64_t i = 0; i < count; i += W) vstore(dst + i, vload(src + i));
+    }
+    return;
+  }
   const float* planes[W];
   const int lanes = (int)std::min<int64_t>(W, s.o - o0);
   for (int i = 0; i < lanes; ++i) planes[i] = x + ((o0 + i) / p.og * s.cg + c) * s.h * s.w;
@@ -152,10 +162,27 @@ Blocked make_blocked(const ConvShape& s, int threads) {
   return p;
 }
 
+// Output rows [oy0, oy1) from `out` (as store_blocked's) with the residual
+// (laid out as y, or null) and the activation into y, the channel block's
+// (oh, ow) positions of W channels each.
+void store_nchwc(const float* out, int64_t owp, int64_t ow, int64_t oy0, int64_t oy1, const Epilogue& ep,
+                 const float* residual, float* y) {
+  ep.visit([&](auto act) {
+    for (int64_t oy = oy0; oy < oy1; ++oy)
+      for (int64_t ox = 0; ox < ow; ++ox) {
+        const int64_t at = (oy * ow + ox) * W;
+        V v = vload(out + ((oy - oy0) * owp + ox) * W);
+        if (residual) v = vadd(v, vload(residual + at));
+        vstore(y + at, act(v));
+      }
+  });
+}
+
 }  // namespace
 
 void conv_channel_blocks(ffi::ThreadPool& pool, const ConvShape& s, const float* xs, const float* ws,
-                         const float* bias, const Epilogue& ep, const float* residual, float* ys) {
+                         const float* bias, const Epilogue& ep, const float* residual, float* ys,
+                         Layouts layouts) {
   const Blocked p = make_blocked(s, workers(pool));
   const BandFn compute = pick(p);
   const int64_t taps = s.kh * s.kw, k = s.cg * taps;
@@ -176,10 +203,14 @@ void conv_channel_blocks(ffi::ThreadPool& pool, const ConvShape& s, const float*
       for (int64_t t = 0; t < k; ++t) wt[t * W + i] = i < lanes ? ws[(o0 + i) * k + t] : 0.0f;
     }
     const int64_t oy0 = band * p.band, oy1 = std::min(s.oh, oy0 + p.band);
-    for (int64_t c = 0; c < s.cg; ++c) load_band(p, xs + n * s.c * s.h * s.w, o0, c, oy0, oy1, in + c * p.chunk());
+    for (int64_t c = 0; c < s.cg; ++c)
+      load_band(p, xs + n * s.c * s.h * s.w, o0, c, oy0, oy1, layouts.x, in + c * p.chunk());
     compute(p, in, wt, vload(bv), oy1 - oy0, out);
     const int64_t at = (n * s.o + o0) * s.oh * s.ow;
-    store_blocked(out, p.owp, (int)lanes, s.oh, s.ow, oy0, oy1, ep, residual ? residual + at : nullptr, ys + at);
+    if (layouts.y)
+      store_nchwc(out, p.owp, s.ow, oy0, oy1, ep, residual ? residual + at : nullptr, ys + at);
+    else
+      store_blocked(out, p.owp, (int)lanes, s.oh, s.ow, oy0, oy1, ep, residual ? residual + at : nullptr, ys + at);
   });
 }
 

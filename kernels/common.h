@@ -509,6 +509,20 @@ inline ffi::Error make_epilogue(int64_t kind, float alpha, float lo, float hi, E
 // Attribute "conv" = [stride_h, stride_w, pad_top, pad_bottom, pad_left,
 // pad_right, dilation_h, dilation_w, groups].
 
+// Whether x and y are channel-blocked, NCHWc: (N, C / W, H, W_img, W), the
+// W channels of one position in one vector, as ONNX Runtime's NCHWc layout
+// with its block the kernels' vector width. Otherwise NCHW.
+struct Layouts {
+  bool x = false, y = false;
+};
+
+// The NCHW dimensions of a buffer in either layout, false if it has neither's rank.
+inline bool nchw_dims(ffi::Span<const int64_t> d, bool nchwc, int64_t (&out)[4]) {
+  if (d.size() != (nchwc ? 5u : 4u) || (nchwc && d[4] != W)) return false;
+  out[0] = d[0], out[1] = nchwc ? d[1] * W : d[1], out[2] = d[2], out[3] = d[3];
+  return true;
+}
+
 struct ConvShape {
   int64_t n, c, h, w;          // input
   int64_t o, cg, kh, kw;       // weight: cg = input channels per group
@@ -552,10 +566,11 @@ inline ffi::Error decode_fused_pool(ffi::Span<const int64_t> a, FusedPool* p) {
 inline ffi::Error decode_conv(const F32Buffer& x, const int64_t (&weight)[4], const F32Buffer& b,
                               ffi::Span<const int64_t> attr, F32Result& y, int64_t act,
                               float alpha, float lo, float hi, ConvShape* s, Epilogue* ep,
-                              int64_t channel0 = -1, const FusedPool& pool = {}, int64_t x_channels = -1) {
-  auto xd = x.dimensions(), yd = y->dimensions();
-  if (xd.size() != 4 || yd.size() != 4 || attr.size() != 9)
-    return ffi::Error::InvalidArgument("jtile conv: expected NCHW x and y and 9 conv attributes");
+                              int64_t channel0 = -1, const FusedPool& pool = {}, int64_t x_channels = -1,
+                              Layouts layouts = {}) {
+  int64_t xd[4], yd[4];
+  if (!nchw_dims(x.dimensions(), layouts.x, xd) || !nchw_dims(y->dimensions(), layouts.y, yd) || attr.size() != 9)
+    return ffi::Error::InvalidArgument("jtile conv: expected x and y NCHW (or NCHWc where asked) and 9 conv attributes");
   const int64_t c = x_channels < 0 ? xd[1] : x_channels;
   *s = ConvShape{xd[0], c, xd[2], xd[3], weight[0], weight[1], weight[2], weight[3],
                  attr[0], attr[1], attr[2], attr[3], attr[4], attr[5], attr[6], attr[7], attr[8], 0, 0};
@@ -578,11 +593,11 @@ inline ffi::Error decode_conv(const F32Buffer& x, const int64_t (&weight)[4], co
 inline ffi::Error decode_conv(const F32Buffer& x, const F32Buffer& w, const F32Buffer& b,
                               ffi::Span<const int64_t> attr, F32Result& y, int64_t act,
                               float alpha, float lo, float hi, ConvShape* s, Epilogue* ep,
-                              int64_t channel0 = -1) {
+                              int64_t channel0 = -1, Layouts layouts = {}) {
   auto wd = w.dimensions();
   if (wd.size() != 4) return ffi::Error::InvalidArgument("jtile conv: expected an OIHW w");
   const int64_t weight[4] = {wd[0], wd[1], wd[2], wd[3]};
-  return decode_conv(x, weight, b, attr, y, act, alpha, lo, hi, s, ep, channel0);
+  return decode_conv(x, weight, b, attr, y, act, alpha, lo, hi, s, ep, channel0, {}, -1, layouts);
 }
 
 // Where the conv's own (N, O, OH, OW) output starts in y: y itself, or, in a
@@ -600,19 +615,21 @@ inline int64_t conv_output_size(const ConvShape& s) { return s.n * s.o * s.oh * 
 inline ffi::Error decode_packed_conv(const char* name, const F32Buffer& x, ffi::Span<const int64_t> kernel,
                                      const F32Buffer& b, ffi::Span<const int64_t> attr, F32Result& y,
                                      int64_t act, float alpha, float lo, float hi, ConvShape* s, Epilogue* ep,
-                                     int64_t channel0 = -1, const FusedPool& pool = {}, int64_t x_channels = -1) {
-  auto xd = x.dimensions();
-  if (xd.size() != 4 || attr.size() != 9 || attr[8] < 1 || kernel.size() != 3)
+                                     int64_t channel0 = -1, const FusedPool& pool = {}, int64_t x_channels = -1,
+                                     Layouts layouts = {}) {
+  int64_t xd[4];
+  if (!nchw_dims(x.dimensions(), layouts.x, xd) || attr.size() != 9 || attr[8] < 1 || kernel.size() != 3)
     return ffi::Error::InvalidArgument(std::string("jtile ") + name +
-                                       ": expected NCHW x, 9 conv attributes (groups >= 1) and [O, KH, KW]");
+                                       ": expected NCHW (or NCHWc) x, 9 conv attributes (groups >= 1) and [O, KH, KW]");
   const int64_t weight[4] = {kernel[0], (x_channels < 0 ? xd[1] : x_channels) / attr[8], kernel[1], kernel[2]};
-  return decode_conv(x, weight, b, attr, y, act, alpha, lo, hi, s, ep, channel0, pool, x_channels);
+  return decode_conv(x, weight, b, attr, y, act, alpha, lo, hi, s, ep, channel0, pool, x_channels, layouts);
 }
 
 }  // namespace jtile
 
 // The binding every conv algorithm uses: conv(x, w, b) -> y with the conv
-// geometry and the epilogue as attributes. A conv kernel file defines
+// geometry and the epilogue as attributes (JTILE_CONV_ARGS without the result,
+// for a kernel that binds more attributes). A conv kernel file defines
 //   ffi::Error Impl(ffi::ThreadPool, F32Buffer x, F32Buffer w, F32Buffer b,
 //                   ffi::Span<const int64_t> conv, int64_t activation,
 //                   float alpha, float clip_lo, float clip_hi, F32Result y)
@@ -620,15 +637,15 @@ inline ffi::Error decode_packed_conv(const char* name, const F32Buffer& x, ffi::
 //   JTILE_DEFINE_HANDLER(JtileConvName, Impl, JTILE_CONV_BINDING);
 #define JTILE_EPILOGUE_ATTRS                                                  \
   Attr<int64_t>("activation").Attr<float>("alpha").Attr<float>("clip_lo").Attr<float>("clip_hi")
-#define JTILE_CONV_BINDING                                                    \
+#define JTILE_CONV_ARGS                                                       \
   ::xla::ffi::Ffi::Bind()                                                     \
       .Ctx<::xla::ffi::ThreadPool>()                                          \
       .Arg<::jtile::F32Buffer>()                                              \
       .Arg<::jtile::F32Buffer>()                                              \
       .Arg<::jtile::F32Buffer>()                                              \
       .Attr<::xla::ffi::Span<const int64_t>>("conv")                          \
-      .JTILE_EPILOGUE_ATTRS                                                   \
-      .Ret<::jtile::F32Buffer>()
+      .JTILE_EPILOGUE_ATTRS
+#define JTILE_CONV_BINDING JTILE_CONV_ARGS.Ret<::jtile::F32Buffer>()
 // The same with a fourth buffer, the residual (empty for none), a fifth, the
 // concatenation buffer the result aliases (empty for none; its contents are
 // not read), the "channel0" attribute (-1, or where in that buffer the conv's

@@ -16,6 +16,12 @@
 // act((x - shift) * scale + bias), the folded batch norm and ReLU that
 // DenseNet applies to every concatenation before its 1x1 conv, so that they
 // cost no pass of their own.
+//
+// In pixel rows, x and y may be channel-blocked, NCHWc (one image, channels
+// a multiple of W; attributes "x_nchwc" and "y_nchwc"): the GEMM then reads a
+// 1x1 conv's x in place, each (pixel, channel) broadcast from its block, and
+// stores each vector of output channels straight into its block, with neither
+// the packing of x nor the transposed write-back of y.
 #include "gemm.h"
 
 namespace jtile {
@@ -181,11 +187,13 @@ struct PrologueColumns final : Operand {
 ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, F32Buffer res, F32Buffer,
                    ffi::Span<const int64_t> attr, int64_t act, float alpha, float lo, float hi, int64_t channel0,
                    ffi::Span<const int64_t> kernel, int64_t pixel_rows, F32Buffer prologue,
-                   int64_t prologue_activation, int64_t x_channels, F32Result y) {
+                   int64_t prologue_activation, int64_t x_channels, int64_t x_nchwc, int64_t y_nchwc,
+                   F32Result y) {
   auto wd = w.dimensions();
   ConvShape s;
   Epilogue ep;
-  if (auto e = decode_packed_conv("smm", x, kernel, b, attr, y, act, alpha, lo, hi, &s, &ep, channel0, {}, x_channels);
+  if (auto e = decode_packed_conv("smm", x, kernel, b, attr, y, act, alpha, lo, hi, &s, &ep, channel0, {}, x_channels,
+                                   Layouts{x_nchwc != 0, y_nchwc != 0});
       e.failure())
     return e;
   const int64_t og = s.og(), taps = s.cg * s.kh * s.kw, pixels = s.oh * s.ow;
@@ -204,6 +212,11 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, 
   if (has_prologue && (!pointwise || pixel_rows || s.groups != 1 || (int64_t)prologue.element_count() != 3 * s.c))
     return ffi::Error::InvalidArgument(
         "jtile smm: a prologue needs a pointwise conv in channel rows, one group and 3 x C values");
+  if ((x_nchwc || y_nchwc) && (!pixel_rows || s.groups != 1 || s.n != 1 || channel0 >= 0 || has_prologue))
+    return ffi::Error::InvalidArgument(
+        "jtile smm: NCHWc x or y needs pixel rows, one group, one image, no prologue and no concatenation buffer");
+  if (x_nchwc && (!pointwise || x_channels != x.dimensions()[1] * W))
+    return ffi::Error::InvalidArgument("jtile smm: an NCHWc x needs a 1x1, stride-1, unpadded conv reading all of x");
   // GEMM i: group i / images, and image i % images in channel rows (pixel
   // rows take the whole batch at once).
   const int64_t images = pixel_rows ? 1 : s.n, count = s.groups * images;
@@ -214,8 +227,14 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, 
     float* yg = conv_output(s, y, channel0) + g * og * pixels;
     const float* rg = has_residual ? res.typed_data() + g * og * pixels : nullptr;
     if (pixel_rows) {
-      GemmOutput out{yg, pixels, nullptr, bias, ep, rg, pixels, s.o * pixels};
-      gemm(pool, s.n * pixels, og, taps, Im2col(s, x.typed_data() + g * s.cg * s.h * s.w), wg, out, serial);
+      GemmOutput out = y_nchwc ? GemmOutput{yg, W, nullptr, bias, ep, rg, 0, 0, pixels * W}
+                               : GemmOutput{yg, pixels, nullptr, bias, ep, rg, pixels, s.o * pixels};
+      if (x_nchwc)
+        gemm(pool, pixels, og, taps, NchwcRows(x.typed_data(), pixels), wg, out, serial);
+      else if (pointwise && s.n == 1)  // x's channel rows are A's columns: read in place
+        gemm(pool, pixels, og, taps, Columns(x.typed_data() + g * s.cg * pixels, pixels), wg, out, serial);
+      else
+        gemm(pool, s.n * pixels, og, taps, Im2col(s, x.typed_data() + g * s.cg * s.h * s.w), wg, out, serial);
       return;
     }
     const float* xg = x.typed_data() + (n * s.c + g * s.cg) * s.h * s.w;
@@ -247,4 +266,6 @@ JTILE_DEFINE_HANDLER(JtileConvSmm, jtile::ConvSmm,
                          .Arg<jtile::F32Buffer>()
                          .Attr<int64_t>("prologue_activation")
                          .Attr<int64_t>("x_channels")
+                         .Attr<int64_t>("x_nchwc")
+                         .Attr<int64_t>("y_nchwc")
                          .Ret<jtile::F32Buffer>());

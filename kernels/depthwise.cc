@@ -1,6 +1,9 @@
 // Depthwise convolution: groups == input channels, any channel multiplier
 // (output channel o reads input channel o / multiplier), any kernel size,
-// stride, dilation and padding, NCHW input, OIHW weight (O, 1, KH, KW).
+// stride, dilation and padding, NCHW input, OIHW weight (O, 1, KH, KW). With
+// one output channel per input channel, x and y may be NCHWc instead
+// ("x_nchwc", "y_nchwc"): channel blocks then copy the input band in and
+// store it out as it is.
 //
 // Two arrangements, picked by shape (measured against each other on
 // EfficientNet-B0's and MobileNetV3's layers, and 3x3 layers from 14x14 to
@@ -185,21 +188,27 @@ bool planes_pay(const ConvShape& s) {
 
 ffi::Error ConvDepthwise(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b,
                          ffi::Span<const int64_t> attr, int64_t act, float alpha, float lo,
-                         float hi, F32Result y) {
+                         float hi, int64_t x_nchwc, int64_t y_nchwc, F32Result y) {
   ConvShape s;
   Epilogue ep;
-  if (auto e = decode_conv(x, w, b, attr, y, act, alpha, lo, hi, &s, &ep); e.failure()) return e;
+  const Layouts layouts{x_nchwc != 0, y_nchwc != 0};
+  if (auto e = decode_conv(x, w, b, attr, y, act, alpha, lo, hi, &s, &ep, -1, layouts); e.failure()) return e;
   if (s.groups != s.c || s.cg != 1)
     return ffi::Error::InvalidArgument("jtile depthwise: needs groups == input channels");
+  if ((layouts.x || layouts.y) && (s.o != s.c || s.c % W != 0))
+    return ffi::Error::InvalidArgument(
+        "jtile depthwise: NCHWc x or y needs one output channel per input channel, a multiple of W");
   if (s.n * s.o * s.oh * s.ow == 0) return ffi::Error::Success();
-  if (planes_pay(s))
+  if (planes_pay(s) && !layouts.x && !layouts.y)
     conv_planes(pool, s, x.typed_data(), w.typed_data(), b.typed_data(), ep, y->typed_data());
   else
-    conv_channel_blocks(pool, s, x.typed_data(), w.typed_data(), b.typed_data(), ep, nullptr, y->typed_data());
+    conv_channel_blocks(pool, s, x.typed_data(), w.typed_data(), b.typed_data(), ep, nullptr, y->typed_data(),
+                        layouts);
   return ffi::Error::Success();
 }
 
 }  // namespace
 }  // namespace jtile
 
-JTILE_DEFINE_HANDLER(JtileConvDepthwise, jtile::ConvDepthwise, JTILE_CONV_BINDING);
+JTILE_DEFINE_HANDLER(JtileConvDepthwise, jtile::ConvDepthwise,
+                     JTILE_CONV_ARGS.Attr<int64_t>("x_nchwc").Attr<int64_t>("y_nchwc").Ret<jtile::F32Buffer>());

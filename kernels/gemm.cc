@@ -35,6 +35,7 @@ struct Tile {
   const float* col_bias;
   const Epilogue* ep;
   const float* residual;               // at the tile, as c, or null
+  int64_t vstride = W;                 // from one vector of columns to the next
 };
 
 // Stores an R x N-vector block of accumulators into the tile (rows < R
@@ -55,8 +56,8 @@ inline void store_tile(V (&acc)[R][N], const Tile& t) {
 #pragma GCC unroll 4
         for (int v = 0; v < N; ++v) {
           V x = vadd(acc[r][v], bias);
-          if (t.residual) x = vadd(x, vload(t.residual + r * t.ldc + v * W));
-          vstore(t.c + r * t.ldc + v * W, act(x));
+          if (t.residual) x = vadd(x, vload(t.residual + r * t.ldc + v * t.vstride));
+          vstore(t.c + r * t.ldc + v * t.vstride, act(x));
         }
       }
       return;
@@ -64,7 +65,7 @@ inline void store_tile(V (&acc)[R][N], const Tile& t) {
     for (int r = 0; r < R; ++r)
       for (int v = 0; v < N; ++v) {
         const int lanes = t.cols >= (v + 1) * W ? W : t.cols - v * W;
-        float* p = t.c + r * t.ldc + v * W;
+        float* p = t.c + r * t.ldc + v * t.vstride;
         V x = acc[r][v];
         if (t.accumulate) x = vadd(x, lanes == W ? vload(p) : vload_partial(p, lanes));
         if (t.last) {
@@ -72,7 +73,7 @@ inline void store_tile(V (&acc)[R][N], const Tile& t) {
           if (t.col_bias)
             x = vadd(x, lanes == W ? vload(t.col_bias + v * W) : vload_partial(t.col_bias + v * W, lanes));
           if (t.residual) {
-            const float* q = t.residual + r * t.ldc + v * W;
+            const float* q = t.residual + r * t.ldc + v * t.vstride;
             x = vadd(x, lanes == W ? vload(q) : vload_partial(q, lanes));
           }
           x = act(x);
@@ -82,29 +83,32 @@ inline void store_tile(V (&acc)[R][N], const Tile& t) {
   });
 }
 
-// acc = a_strip (kc x MR, k-major) times b_strip (kc x NR), for the first R
+// acc = a_strip (kc x R, row r of k at a[k * a_step + r]: packed, a_step =
+// MR, or read in place; with BLOCKED, at a[k / W * a_step + r * W + k % W])
+// times b_strip (kc x NR), for the first R
 // rows and N vectors of columns only (a tile at the edge of C computes just
 // what it keeps: the last 4 of 196 columns take one vector, not four), stored
 // into the tile; meanwhile the next B strip (kc x NR at `next`, or null) is
 // fetched into L2, one k row a step, so weights streaming from memory arrive
 // early.
-template <int R, int N>
-void micro_kernel(int64_t kc, const float* __restrict a, const float* __restrict b, int64_t bk,
+template <int R, int N, bool BLOCKED>
+void micro_kernel(int64_t kc, const float* __restrict a, int64_t a_step, const float* __restrict b, int64_t bk,
                   const float* next, const Tile& t) {
   V acc[R][N];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int v = 0; v < N; ++v) acc[r][v] = vzero();
-  for (int64_t p = 0; p < kc; ++p, a += MR, b += bk) {
+  for (int64_t p = 0; p < kc; ++p, b += bk) {
     if (next != nullptr)
       for (int l = 0; l < NR; l += 64 / int(sizeof(float))) __builtin_prefetch(next + p * NR + l, 0, 2);
     V bv[N];
 #pragma GCC unroll 4
     for (int v = 0; v < N; ++v) bv[v] = vload(b + v * W);
+    const float* ak = BLOCKED ? a + p / W * a_step + p % W : a + p * a_step;
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      const V ar = vset1(a[r]);
+      const V ar = vset1(ak[BLOCKED ? r * W : r]);
 #pragma GCC unroll 4
       for (int v = 0; v < N; ++v) acc[r][v] = vfma(ar, bv[v], acc[r][v]);
     }
@@ -112,21 +116,23 @@ void micro_kernel(int64_t kc, const float* __restrict a, const float* __restrict
   store_tile<R, N>(acc, t);
 }
 
-// KERNELS[rows - 1][vectors - 1]: the micro-kernel for a tile of that many
-// rows and vectors of columns.
-using MicroKernel = void (*)(int64_t, const float*, const float*, int64_t, const float*, const Tile&);
+// KERNELS[blocked][rows - 1][vectors - 1]: the micro-kernel for a tile of
+// that many rows and vectors of columns, A packed or blocked.
+using MicroKernel = void (*)(int64_t, const float*, int64_t, const float*, int64_t, const float*, const Tile&);
 
-template <int R, int... N>
+template <bool B, int R, int... N>
 constexpr std::array<MicroKernel, NV> row_kernels(std::integer_sequence<int, N...>) {
-  return {&micro_kernel<R, N + 1>...};
+  return {&micro_kernel<R, N + 1, B>...};
 }
 
-template <int... R>
+template <bool B, int... R>
 constexpr std::array<std::array<MicroKernel, NV>, MR> kernel_table(std::integer_sequence<int, R...>) {
-  return {row_kernels<R + 1>(std::make_integer_sequence<int, NV>{})...};
+  return {row_kernels<B, R + 1>(std::make_integer_sequence<int, NV>{})...};
 }
 
-constexpr auto KERNELS = kernel_table(std::make_integer_sequence<int, MR>{});
+constexpr std::array<std::array<MicroKernel, NV>, MR> KERNELS[2] = {
+    kernel_table<false>(std::make_integer_sequence<int, MR>{}),
+    kernel_table<true>(std::make_integer_sequence<int, MR>{})};
 
 // How C is cut into tasks of up to MC_STRIPS x NC_STRIPS micro-tiles: the
 // cut with the shortest makespan on `workers` threads, counting a task's tiles
@@ -212,6 +218,15 @@ void Columns::pack(int64_t k0, int64_t kc, int64_t i0, int64_t count, int r, flo
   }
 }
 
+void NchwcRows::pack(int64_t k0, int64_t kc, int64_t i0, int64_t count, int r, float* dst) const {
+  for (int64_t s = 0; s < count; s += r, dst += kc * r)
+    for (int64_t p = 0; p < kc; ++p)
+      for (int q = 0; q < r; ++q) {
+        const int64_t i = i0 + s + q, k = k0 + p;
+        dst[p * r + q] = s + q < count ? x[k / W * positions * W + i * W + k % W] : 0.0f;
+      }
+}
+
 void Prepacked::pack(int64_t k0, int64_t kc, int64_t i0, int64_t count, int, float* dst) const {
   for (int64_t s = 0; s < count; s += r, dst += kc * r)
     std::memcpy(dst, p + (i0 + s) / r * k * r + k0 * r, kc * r * sizeof(float));
@@ -259,10 +274,14 @@ void gemm_on(Runner& runner, int64_t m, int64_t n, int64_t k, const Operand& a, 
   const int64_t strips_m = ceil_div(m, MR), strips_n = ceil_div(n, NR);
   const int64_t kblocks = std::max<int64_t>(1, ceil_div(k, KC));
   // A strip s of K block starting at k0 (kc deep).
-  int64_t a_stride = 0;
+  // A pre-packed, read in place (a_step floats from one k to the next, or
+  // blocked), or packed here.
+  int64_t a_stride = 0, a_step = MR;
   float* a_buffer = nullptr;
   const bool a_packed = a.packed(0, 0, &a_stride) != nullptr;
-  if (!a_packed) {
+  const bool a_blocked = !a_packed && k % W == 0 && a.blocked(0, 0, &a_step) != nullptr;
+  const bool a_direct = !a_packed && !a_blocked && a.direct(0, 0, &a_step) != nullptr;
+  if (!a_packed && !a_blocked && !a_direct) {
     a_buffer = runner.shared_scratch(2, strips_m * MR * k);
     runner.run(strips_m, [&](int64_t s, int) {
       for (int64_t k0 = 0; k0 < k; k0 += KC) {
@@ -275,6 +294,8 @@ void gemm_on(Runner& runner, int64_t m, int64_t n, int64_t k, const Operand& a, 
   auto a_strip = [&](int64_t k0, int64_t kc, int64_t s) -> const float* {
     int64_t stride;
     if (a_packed) return a.packed(k0, s * MR, &stride);
+    if (a_blocked) return a.blocked(k0, s * MR, &stride);
+    if (a_direct) return a.direct(k0, s * MR, &stride);
     return a_buffer + k0 * strips_m * MR + s * kc * MR;
   };
 
@@ -323,11 +344,12 @@ void gemm_on(Runner& runner, int64_t m, int64_t n, int64_t k, const Operand& a, 
           Tile t = out.transposed()
               ? Tile{cbuf + (s - s0) * MR * ldb + j * NR, ldb, rows, cols, kb > 0, false,
                      nullptr, nullptr, &out.ep, nullptr}
-              : Tile{out.c + row * out.ldc + col, out.ldc, rows, cols, kb > 0, kb == kblocks - 1,
+              : Tile{out.c + row * out.ldc + out.column(col), out.ldc, rows, cols, kb > 0, kb == kblocks - 1,
                      out.row_bias ? out.row_bias + row : nullptr,
                      out.col_bias ? out.col_bias + col : nullptr, &out.ep,
-                     out.residual ? out.residual + row * out.ldc + col : nullptr};
-          KERNELS[rows - 1][ceil_div(cols, W) - 1](kc, a_strip(k0, kc, s), bj, bj_k, s == s0 ? next : nullptr, t);
+                     out.residual ? out.residual + row * out.ldc + out.column(col) : nullptr, out.vector_stride};
+          KERNELS[a_blocked][rows - 1][ceil_div(cols, W) - 1](kc, a_strip(k0, kc, s), a_step, bj, bj_k,
+                                                              s == s0 ? next : nullptr, t);
         }
       }
     }

@@ -35,6 +35,10 @@ struct Operand {
   // consecutive floats, with *k_stride floats from one k to the next; others
   // return null.
   virtual const float* direct(int64_t k0, int64_t i0, int64_t* k_stride) const { return nullptr; }
+  // An A the micro-kernel reads in place from a channel-blocked tensor: row
+  // i0 + q, k0 + kk (k0 a multiple of W) at p[kk / W * *block_stride + q * W +
+  // kk % W]; others return null.
+  virtual const float* blocked(int64_t k0, int64_t i0, int64_t* block_stride) const { return nullptr; }
 };
 
 // Row i is a[i * lda + k]: A row-major, or B given as (N, K) (x @ w.T).
@@ -54,6 +58,19 @@ struct Columns final : Operand {
   const float* direct(int64_t k0, int64_t i0, int64_t* k_stride) const override {
     *k_stride = ldb;
     return b + k0 * ldb + i0;
+  }
+};
+
+// Row i is position i of one NCHWc image of `positions` positions and K
+// channels (a multiple of W): x[k / W * positions * W + i * W + k % W].
+struct NchwcRows final : Operand {
+  const float* x;
+  int64_t positions;
+  NchwcRows(const float* x, int64_t positions) : x(x), positions(positions) {}
+  void pack(int64_t k0, int64_t kc, int64_t i0, int64_t count, int r, float* dst) const override;
+  const float* blocked(int64_t k0, int64_t i0, int64_t* block_stride) const override {
+    *block_stride = positions * W;
+    return x + k0 / W * positions * W + i0 * W;
   }
 };
 
@@ -81,7 +98,12 @@ struct GemmOutput {
   // j * ldc + i % block], and the residual is read there (conv: i = (image,
   // pixel) with block = pixels, j = output channel).
   int64_t block = 0, block_stride = 0;
+  // Distance between C's vectors of W columns in a row: W (row-major), or,
+  // with ldc = W, the size of an output channel block (C[i][j] at c[j / W *
+  // vector_stride + i * W + j % W]: pixel rows written NCHWc).
+  int64_t vector_stride = W;
   bool transposed() const { return block > 0; }
+  int64_t column(int64_t j) const { return j / W * vector_stride + j % W; }  // offset of column j in a row
 };
 
 // serial: run on the calling thread only (a caller that parallelises over

@@ -925,3 +925,82 @@ def test_gradients_through_the_rewritten_layers(case, request, getkey, tree_allc
     assert rewritten(swapped, params, x)
     got = jax.grad(swapped, argnums=(0, 1))(params, x)
     assert tree_allclose(got, jax.grad(loss, argnums=(0, 1))(params, x), rtol=1e-3, atol=1e-3)
+
+
+# ------------------------------------------------ activations kept channel-blocked (NCHWc)
+
+
+def _inverted_residual(p, x, stride=1, returns_expansion=False):
+    """MobileNetV2's block: 1x1 expansion -> relu6 -> 3x3 depthwise -> relu6 ->
+    1x1 projection, plus x at stride 1 where the channels match."""
+    expanded = jnp.clip(_conv(x, p["we"], padding=0) + p["be"][:, None, None], 0, 6)
+    dw = jnp.clip(_conv(expanded, p["wd"], stride=stride, groups=p["wd"].shape[0]) + p["bd"][:, None, None], 0, 6)
+    y = _conv(dw, p["wp"], padding=0) + p["bp"][:, None, None]
+    y = y + x if stride == 1 and y.shape == x.shape else y
+    return (y, expanded) if returns_expansion else y
+
+
+def _residual_params(getkey, c, e, o):
+    def normal(shape, scale=0.3):
+        return scale * jax.random.normal(getkey(), shape)
+
+    return {"we": normal((e, c, 1, 1)), "be": normal((e,)), "wd": normal((e, 1, 3, 3)), "bd": normal((e,)),
+            "wp": normal((o, e, 1, 1)), "bp": normal((o,))}
+
+
+def _blocked_values(fn, *args) -> int:
+    """Kernel calls returning a channel-blocked (5-D) value."""
+    return sum(1 for e in _iter_eqns(jax.make_jaxpr(fn)(*args).jaxpr)
+               if e.primitive.name == "ffi_call" and e.outvars[0].aval.ndim == 5)
+
+
+def test_inverted_residuals_pass_channel_blocked_activations(getkey, tree_allclose, monkeypatch):
+    """Two blocks at 14x14 (stride 1, then stride 2): each expansion's and each
+    depthwise conv's output stays NCHWc, and the result has the bits of the
+    same kernels passing NCHW activations."""
+    lanes = jtile.kernels.vector_lanes()
+    first, second = _residual_params(getkey, 24, 6 * lanes, 24), _residual_params(getkey, 24, 6 * lanes, 32)
+    x = jax.random.normal(getkey(), (1, 24, 14, 14))
+    ref = lambda x: _inverted_residual(second, _inverted_residual(first, x), stride=2)  # noqa: E731
+    f = _swapped_and_checked(ref, x, "auto", tree_allclose)
+    assert _blocked_values(f, x) == 4
+    monkeypatch.setattr(jtile.algorithms, "find_blocked", lambda *args: jtile._nchwc.Blocked(frozenset(), frozenset()))
+    nchw = swap_backend(fuse(ref), algorithms="auto")
+    assert _blocked_values(nchw, x) == 0
+    np.testing.assert_array_equal(np.asarray(jax.jit(f)(x)), np.asarray(jax.jit(nchw)(x)))
+
+
+@pytest.mark.parametrize("case", ["wide stride 1", "ragged channels", "expansion returned", "two images",
+                                  "depthwise on XLA"])
+def test_activations_stay_nchw_where_blocking_cannot_run_or_does_not_pay(getkey, tree_allclose, case):
+    lanes = jtile.kernels.vector_lanes()
+    e = 4 * lanes + 8 if case == "ragged channels" else 4 * lanes
+    p = _residual_params(getkey, 16, e, 16)
+    size = 56 if case == "wide stride 1" else 14  # at 56x56 the depthwise conv runs faster on NCHW planes
+    x = jax.random.normal(getkey(), (2 if case == "two images" else 1, 16, size, size))
+    ref = lambda x: _inverted_residual(p, x, returns_expansion=case == "expansion returned")  # noqa: E731
+    algorithms = {"conv2d": ["smm", "default", "smm"]} if case == "depthwise on XLA" else "auto"
+    f = _swapped_and_checked(ref, x, algorithms, tree_allclose)
+    # the returned expansion stays NCHW; the depthwise conv's output, read by the projection alone, is blocked
+    assert _blocked_values(f, x) == (1 if case == "expansion returned" else 0)
+
+
+def test_analysis_reads_blocked_calls_as_their_nchw_layers(getkey):
+    p = _residual_params(getkey, 24, 6 * jtile.kernels.vector_lanes(), 24)
+    x = jax.random.normal(getkey(), (1, 24, 14, 14))
+    swapped = swap_backend(fuse(lambda x: _inverted_residual(p, x)), algorithms="auto")
+    assert _blocked_values(swapped, x) == 2
+    got, want = jtile.summary(swapped, x), jtile.summary(fuse(lambda x: _inverted_residual(p, x)), x)
+    assert got.macs_by_category["conv"] == want.macs_by_category["conv"] > 0
+    assert [layer.out_shape for layer in got.layers if layer.kind == "conv2d"] == \
+        [layer.out_shape for layer in want.layers if layer.kind == "conv2d"]
+
+
+def test_gradients_flow_through_blocked_activations(getkey):
+    p = _residual_params(getkey, 24, 6 * jtile.kernels.vector_lanes(), 24)
+    x = jax.random.normal(getkey(), (1, 24, 14, 14))
+    swapped = swap_backend(fuse(lambda x: _inverted_residual(p, x)), algorithms="auto")
+    assert _blocked_values(swapped, x) == 2
+    got = jax.grad(lambda x: jnp.sum(swapped(x) ** 2))(x)
+    want = jax.grad(lambda x: jnp.sum(_inverted_residual(p, x) ** 2))(x)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-3, atol=1e-3)
