@@ -163,15 +163,15 @@ def blocking_pays(shape, readers) -> bool:
     """Whether keeping an activation of NCHW `shape` channel-blocked (NCHWc)
     pays, read by the conv equations `readers` (`jtile._nchwc`).
 
-    Measured per call inside MobileNetV2 against the same layers in NCHW: at
-    14x14 and 7x7 blocked depthwise convs take 0.55-0.75x the time and the 1x1
-    convs around them 0.85-1.0x; at 28x28 they are level. At 56x56 and
-    112x112 a stride-1 depthwise conv runs faster on NCHW planes (144@56: 98
-    against 119 us) and a 1x1 conv projecting to few channels in channel rows
-    (144->24 at 56x56: 113 against 154 us), but a stride-2 depthwise conv
-    reads a blocked input faster (144@56: 55 against 80 us, 96@112: 158
-    against 190)."""
-    if shape[2] * shape[3] <= 28 * 28:
+    Measured per call inside MobileNetV2 and ShuffleNetV2 against the same
+    layers in NCHW: at 14x14 and 7x7 blocked depthwise convs take 0.55-0.85x
+    the time and the 1x1 convs around them 0.8-1.0x. From 28x28 up a stride-1
+    depthwise conv runs faster on NCHW planes (116@28: 15 against 20 us;
+    144@56: 98 against 119) and a 1x1 conv to few channels in channel rows
+    (58->58 at 28x28: 33 against 42 us; 144->24 at 56x56: 113 against 154),
+    but a stride-2 depthwise conv reads a blocked input faster (144@56: 55
+    against 80 us, 96@112: 158 against 190)."""
+    if shape[2] * shape[3] <= 16 * 16:
         return True
     geometries = [ConvGeometry.of(conv) for conv in readers]
     return all(g.groups == g.in_shape[1] and min(g.stride) >= 2 for g in geometries)

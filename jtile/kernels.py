@@ -430,14 +430,15 @@ def _describe_conv_call(eqn):
     o, *window = (int(k) for k in kernel) if kernel is not None else (
         eqn.invars[1].aval.shape[0], *eqn.invars[1].aval.shape[2:])
     fields = layer_fields(eqn)
-    if _attribute(eqn, "x_nchwc"):
-        fields["in_shapes"] = (nchw_shape(fields["in_shapes"][0]), *fields["in_shapes"][1:])
-    if _attribute(eqn, "y_nchwc"):
-        fields["out_shape"] = nchw_shape(fields["out_shape"])
-    x_channels = _attribute(eqn, "x_channels")  # the channels it reads of a larger x
-    if x_channels is not None:
-        n, _, h, w = fields["in_shapes"][0]
+    x_channels = _attribute(eqn, "x_channels")  # the channels it reads of a larger or channel-blocked x
+    if x_channels is None and _attribute(eqn, "x_nchwc"):  # (depthwise: one a group)
+        x_channels = groups * eqn.invars[1].aval.shape[1]
+    if x_channels is not None:  # NCHW (N, C, H, W) or NCHWc (N, C / W, H, W, W) alike
+        n, _, h, w = fields["in_shapes"][0][:4]
         fields["in_shapes"] = ((n, int(x_channels), h, w), *fields["in_shapes"][1:])
+    if _attribute(eqn, "y_nchwc"):
+        n, _, h, w = fields["out_shape"][:4]
+        fields["out_shape"] = (n, o, h, w)
     # out_shape is what the call returns: a concatenation's whole buffer when it writes into one
     return Layer(kind="conv2d", **fields, in_channels=fields["in_shapes"][0][1],
                  out_channels=o, kernel_size=tuple(window), stride=(sh, sw),
@@ -469,7 +470,8 @@ def _call_macs(eqn):
 
     layer = (_registry.facet(eqn, "describe"))(eqn)
     per_output = math.prod(layer.kernel_size or ())
-    outputs, pooling = out_elements(eqn), Counter()
+    # (an NCHWc y's padding lanes are not outputs)
+    outputs, pooling = math.prod(layer.out_shape) if _attribute(eqn, "y_nchwc") else out_elements(eqn), Counter()
     if layer.kind == "conv2d":
         per_output *= layer.in_channels // layer.groups
         outputs = outputs // layer.out_shape[1] * layer.out_channels  # its own part of a concatenation
@@ -562,33 +564,31 @@ def _layouts(x_layout: str, y_layout: str) -> tuple[str, str]:
 
 
 def nchwc_shape(shape: Sequence[int]) -> tuple[int, ...]:
-    """The NCHWc shape `(N, C / W, H, W_img, W)` of an NCHW shape, W = `vector_lanes()`."""
+    """The NCHWc shape `(N, ceil(C / W), H, W_img, W)` of an NCHW shape, W = `vector_lanes()`."""
     lanes = vector_lanes()
     n, c, h, w = shape
-    if c % lanes:
-        raise ConfigError(f"NCHWc: {c} channels do not split into blocks of {lanes} (the kernels' vector lanes)")
-    return n, c // lanes, h, w, lanes
-
-
-def nchw_shape(shape: Sequence[int]) -> tuple[int, int, int, int]:
-    """The NCHW shape of an NCHWc shape."""
-    n, blocks, h, w, lanes = shape
-    return n, blocks * lanes, h, w
+    return n, -(-c // lanes), h, w, lanes
 
 
 def to_nchwc(x: jax.Array) -> jax.Array:
-    """NCHW `x` channel-blocked, as ONNX Runtime's NCHWc: `(N, C / W, H, W_img, W)`,
-    the W = `vector_lanes()` channels of each position in one vector; C must
-    be a multiple of W."""
+    """NCHW `x` channel-blocked, as ONNX Runtime's NCHWc: `(N, ceil(C / W),
+    H, W_img, W)`, the W = `vector_lanes()` channels of each position in one
+    vector, the last block's lanes past C zero."""
     n, blocks, h, w, lanes = nchwc_shape(jnp.shape(x))
+    x = jnp.pad(x, ((0, 0), (0, blocks * lanes - jnp.shape(x)[1]), (0, 0), (0, 0)))
     return jnp.reshape(x, (n, blocks, lanes, h, w)).transpose(0, 1, 3, 4, 2)
 
 
-def from_nchwc(x: jax.Array) -> jax.Array:
-    """NCHWc `x` (see `to_nchwc`) back in NCHW."""
-    if jnp.ndim(x) != 5 or jnp.shape(x)[4] != vector_lanes():
-        raise ConfigError(f"NCHWc: expected (N, C / {vector_lanes()}, H, W, {vector_lanes()}), got {jnp.shape(x)}")
-    return jnp.transpose(x, (0, 1, 4, 2, 3)).reshape(nchw_shape(jnp.shape(x)))
+def from_nchwc(x: jax.Array, channels: int | None = None) -> jax.Array:
+    """NCHWc `x` (see `to_nchwc`) back in NCHW, its first `channels` (all the blocks' by default)."""
+    lanes = vector_lanes()
+    if jnp.ndim(x) != 5 or jnp.shape(x)[4] != lanes:
+        raise ConfigError(f"NCHWc: expected (N, ceil(C / {lanes}), H, W, {lanes}), got {jnp.shape(x)}")
+    n, blocks, h, w, _ = jnp.shape(x)
+    channels = blocks * lanes if channels is None else channels
+    if not (blocks - 1) * lanes < channels <= blocks * lanes:
+        raise ConfigError(f"NCHWc: {blocks} blocks of {lanes} do not hold {channels} channels")
+    return jnp.transpose(x, (0, 1, 4, 2, 3)).reshape(n, blocks * lanes, h, w)[:, :channels]
 
 
 def _geometry_spec(x_shape: Sequence[int], w_shape: Sequence[int], stride: Pair = (1, 1),
@@ -701,11 +701,10 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
     if (x_nchwc or y_nchwc) and (into is not None or max_pool is not None or prologue is not None or reads_prefix):
         raise ConfigError("conv2d: NCHWc layouts do not combine with into=, max_pool=, prologue= or reads_prefix=; "
                           "run the layer in NCHW")
-    if x_nchwc and (jnp.ndim(x) != 5 or jnp.shape(x)[4] != vector_lanes()):
-        raise ConfigError(f"conv2d: an NCHWc x is (N, C / {vector_lanes()}, H, W, {vector_lanes()}), "
-                          f"got {jnp.shape(x)}; block it with to_nchwc")
-    x_shape = _read_shape(algorithm, nchw_shape(jnp.shape(x)) if x_nchwc else jnp.shape(x), jnp.shape(w),
-                          config["groups"], reads_prefix)
+    if x_nchwc:
+        x_shape = _blocked_x_shape(jnp.shape(x), jnp.shape(w), config["groups"])
+    else:
+        x_shape = _read_shape(algorithm, jnp.shape(x), jnp.shape(w), config["groups"], reads_prefix)
     reason = conv2d_support(algorithm, x_shape=x_shape, w_shape=jnp.shape(w),
                             dtype=jnp.result_type(x), **config)
     if reason is not None:
@@ -764,9 +763,9 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
     def reference(x, w, b, *arrays):
         arrays = list(arrays)
         if x_nchwc:
-            x = from_nchwc(x)
+            x = from_nchwc(x, x_shape[1])
         if y_nchwc and has_residual:
-            arrays[0] = from_nchwc(arrays[0])
+            arrays[0] = from_nchwc(arrays[0], spec.out_shape[1])
         x = x[:, :x_shape[1]]
         if has_prologue:
             shift, scale, bias = (a[None, :, None, None] for a in arrays[-3:])
@@ -784,6 +783,18 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
     operands = (x, w, b, *((residual,) if has_residual else ()), *((buffer,) if has_buffer else ()),
                 *(prologue[:3] if has_prologue else ()))
     return _with_reference_vjp(kernel, reference, derived=1)(*operands, weight)
+
+
+def _blocked_x_shape(x_shape, w_shape, groups: int) -> tuple:
+    """The NCHW shape of an NCHWc x holding the `w_shape[1] * groups` channels the conv reads."""
+    lanes = vector_lanes()
+    channels = w_shape[1] * groups if len(w_shape) == 4 else None
+    if len(x_shape) != 5 or x_shape[4] != lanes or channels is None or x_shape[1] != -(-channels // lanes):
+        raise ConfigError(f"conv2d: an NCHWc x holding the {channels} channels the weight {tuple(w_shape)} reads "
+                          f"(groups={groups}) is (N, {-(-channels // lanes) if channels else 'ceil(C / W)'}, H, W, "
+                          f"{lanes}), got {tuple(x_shape)}; block it with to_nchwc")
+    n, _, h, w, _ = x_shape
+    return n, channels, h, w
 
 
 def _read_shape(name: str, x_shape, w_shape, groups: int, reads_prefix: bool) -> tuple:
@@ -945,14 +956,11 @@ def _smm_prologue(spec: ConvSpec) -> str | None:
 def _smm_nchwc(spec: ConvSpec) -> str | None:
     """NCHWc in pixel rows: the GEMM broadcasts x from its blocks and stores
     vectors of output channels into theirs."""
-    lanes, (x_layout, y_layout) = vector_lanes(), spec.layouts
     pointwise = spec.w_shape[2:] == (1, 1) and spec.stride == (1, 1) and spec.padding == ((0, 0), (0, 0))
     problems = [
         *(["it runs one image of one group only"] if spec.x_shape[0] != 1 or spec.groups != 1 else []),
-        *([f"an NCHWc x needs a 1x1, stride-1, unpadded conv over a multiple of {lanes} channels"]
-          if x_layout == "NCHWc" and (not pointwise or spec.x_shape[1] % lanes) else []),
-        *([f"an NCHWc y needs a multiple of {lanes} output channels"]
-          if y_layout == "NCHWc" and spec.w_shape[0] % lanes else []),
+        *(["an NCHWc x needs a 1x1, stride-1, unpadded conv"] if spec.layouts[0] == "NCHWc" and not pointwise
+          else []),
     ]
     return "; ".join(problems) or None
 
@@ -1042,11 +1050,11 @@ def _depthwise_support(spec: ConvSpec) -> str | None:
 register_conv_algorithm("winograd", "jtile_conv_winograd", "JtileConvWinograd", _winograd_support,
                         residual=True)
 def _depthwise_nchwc(spec: ConvSpec) -> str | None:
-    """NCHWc channel blocks: one output channel per input channel, whole vectors of them."""
-    channels, lanes = spec.x_shape[1], vector_lanes()
-    if spec.w_shape[0] != channels or channels % lanes:
-        return (f"NCHWc needs one output channel per input channel and a multiple of {lanes} of them; "
-                f"this layer maps {channels} to {spec.w_shape[0]}")
+    """NCHWc channel blocks: one output channel per input channel."""
+    channels = spec.x_shape[1]
+    if spec.w_shape[0] != channels:
+        return (f"NCHWc needs one output channel per input channel; this layer maps {channels} to "
+                f"{spec.w_shape[0]}")
     return None
 
 
@@ -1362,7 +1370,7 @@ __all__ = [
     "kernel_unavailable", "warn_if_unavailable", "call_times", "CallTimes", "KernelCall", "ConvSpec", "ConvAlgorithm",
     "register_conv_algorithm", "conv2d_reference", "conv2d_support", "conv2d", "conv2d_writes_into",
     "conv2d_reads_prefix", "gemm_tile",
-    "smm_pixel_rows", "pack_gemm_weight", "to_nchwc", "from_nchwc", "nchwc_shape", "nchw_shape",
+    "smm_pixel_rows", "pack_gemm_weight", "to_nchwc", "from_nchwc", "nchwc_shape",
     "conv2d_nchwc_support", "vector_lanes", "dense_reference", "GEMV_ROWS", "dense",
     "matmul_reference", "matmul",
     "max_pool2d_reference", "avg_pool2d_reference", "global_avg_pool2d_reference", "max_pool2d",

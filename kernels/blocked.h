@@ -89,9 +89,9 @@ inline void store_blocked(const float* out, int64_t owp, int lanes, int64_t oh, 
 // The conv of x by OIHW weights ws, any groups, computed on vectors of W
 // consecutive output channels (kernels/channel_blocks.cc), with the bias,
 // the residual (laid out as y, or null) and the activation. x and y are NCHW,
-// or NCHWc where `layouts` says so (then with one group per channel, C == O,
-// and C a multiple of W): such a band is copied in and stored out as it is,
-// without transposes.
+// or NCHWc where `layouts` says so (then with one group per channel, C == O):
+// such a band is copied in and stored out as it is, without transposes, its
+// padding lanes too (zero weights and bias there).
 void conv_channel_blocks(ffi::ThreadPool& pool, const ConvShape& s, const float* xs, const float* ws,
                          const float* bias, const Epilogue& ep, const float* residual, float* ys,
                          Layouts layouts = {});

@@ -203,10 +203,12 @@ void conv_channel_blocks(ffi::ThreadPool& pool, const ConvShape& s, const float*
       for (int64_t t = 0; t < k; ++t) wt[t * W + i] = i < lanes ? ws[(o0 + i) * k + t] : 0.0f;
     }
     const int64_t oy0 = band * p.band, oy1 = std::min(s.oh, oy0 + p.band);
+    // An NCHWc image holds its channels rounded up to whole blocks.
+    const int64_t x_channels = layouts.x ? p.blocks * W : s.c, y_channels = layouts.y ? p.blocks * W : s.o;
     for (int64_t c = 0; c < s.cg; ++c)
-      load_band(p, xs + n * s.c * s.h * s.w, o0, c, oy0, oy1, layouts.x, in + c * p.chunk());
+      load_band(p, xs + n * x_channels * s.h * s.w, o0, c, oy0, oy1, layouts.x, in + c * p.chunk());
     compute(p, in, wt, vload(bv), oy1 - oy0, out);
-    const int64_t at = (n * s.o + o0) * s.oh * s.ow;
+    const int64_t at = (n * y_channels + o0) * s.oh * s.ow;
     if (layouts.y)
       store_nchwc(out, p.owp, s.ow, oy0, oy1, ep, residual ? residual + at : nullptr, ys + at);
     else

@@ -509,14 +509,16 @@ inline ffi::Error make_epilogue(int64_t kind, float alpha, float lo, float hi, E
 // Attribute "conv" = [stride_h, stride_w, pad_top, pad_bottom, pad_left,
 // pad_right, dilation_h, dilation_w, groups].
 
-// Whether x and y are channel-blocked, NCHWc: (N, C / W, H, W_img, W), the
-// W channels of one position in one vector, as ONNX Runtime's NCHWc layout
-// with its block the kernels' vector width. Otherwise NCHW.
+// Whether x and y are channel-blocked, NCHWc: (N, ceil(C / W), H, W_img, W),
+// the W channels of one position in one vector, as ONNX Runtime's NCHWc
+// layout with its block the kernels' vector width (the last block's lanes past
+// C are padding, which no real channel's result reads). Otherwise NCHW.
 struct Layouts {
   bool x = false, y = false;
 };
 
-// The NCHW dimensions of a buffer in either layout, false if it has neither's rank.
+// The NCHW dimensions of a buffer in either layout (NCHWc: its padded
+// channels), false if it has neither's rank.
 inline bool nchw_dims(ffi::Span<const int64_t> d, bool nchwc, int64_t (&out)[4]) {
   if (d.size() != (nchwc ? 5u : 4u) || (nchwc && d[4] != W)) return false;
   out[0] = d[0], out[1] = nchwc ? d[1] * W : d[1], out[2] = d[2], out[3] = d[3];
@@ -571,13 +573,15 @@ inline ffi::Error decode_conv(const F32Buffer& x, const int64_t (&weight)[4], co
   int64_t xd[4], yd[4];
   if (!nchw_dims(x.dimensions(), layouts.x, xd) || !nchw_dims(y->dimensions(), layouts.y, yd) || attr.size() != 9)
     return ffi::Error::InvalidArgument("jtile conv: expected x and y NCHW (or NCHWc where asked) and 9 conv attributes");
-  const int64_t c = x_channels < 0 ? xd[1] : x_channels;
+  // An NCHWc x holds C rounded up to whole blocks: C is what the weight reads.
+  const int64_t c = x_channels >= 0 ? x_channels : layouts.x ? weight[1] * attr[8] : xd[1];
   *s = ConvShape{xd[0], c, xd[2], xd[3], weight[0], weight[1], weight[2], weight[3],
                  attr[0], attr[1], attr[2], attr[3], attr[4], attr[5], attr[6], attr[7], attr[8], 0, 0};
-  bool ok = (c == xd[1] || (c < xd[1] && xd[0] == 1)) &&
+  const int64_t y_channels = layouts.y ? ceil_div(s->o, W) * W : s->o;
+  bool ok = (layouts.x ? ceil_div(c, W) * W == xd[1] : c == xd[1] || (c < xd[1] && xd[0] == 1)) &&
             s->groups >= 1 && s->c == s->cg * s->groups && s->o % s->groups == 0 &&
             (int64_t)b.element_count() == s->o && yd[0] == s->n &&
-            (channel0 < 0 ? yd[1] == s->o : s->n == 1 && channel0 + s->o <= yd[1] && !pool.active()) &&
+            (channel0 < 0 ? yd[1] == y_channels : s->n == 1 && channel0 + s->o <= yd[1] && !pool.active()) &&
             s->sh >= 1 && s->sw >= 1 && s->dh >= 1 && s->dw >= 1 &&
             std::min({s->pt, s->pb, s->pl, s->pr}) >= 0;
   if (ok) {

@@ -17,8 +17,8 @@
 // DenseNet applies to every concatenation before its 1x1 conv, so that they
 // cost no pass of their own.
 //
-// In pixel rows, x and y may be channel-blocked, NCHWc (one image, channels
-// a multiple of W; attributes "x_nchwc" and "y_nchwc"): the GEMM then reads a
+// In pixel rows, x and y may be channel-blocked, NCHWc (one image;
+// attributes "x_nchwc" and "y_nchwc"): the GEMM then reads a
 // 1x1 conv's x in place, each (pixel, channel) broadcast from its block, and
 // stores each vector of output channels straight into its block, with neither
 // the packing of x nor the transposed write-back of y.
@@ -202,7 +202,7 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, 
     return ffi::Error::InvalidArgument(
         "jtile smm: the packed w (groups, strips, K, R) does not match the conv and the GEMM tile");
   const bool has_residual = res.element_count() > 0;
-  if (has_residual && (int64_t)res.element_count() != conv_output_size(s))
+  if (has_residual && (int64_t)res.element_count() != (y_nchwc ? (int64_t)y->element_count() : conv_output_size(s)))
     return ffi::Error::InvalidArgument("jtile smm: the residual must be empty or have the output's shape");
   const bool pointwise = s.kh == 1 && s.kw == 1 && s.sh == 1 && s.sw == 1 &&
                          s.pt + s.pb + s.pl + s.pr == 0;
@@ -215,8 +215,8 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, 
   if ((x_nchwc || y_nchwc) && (!pixel_rows || s.groups != 1 || s.n != 1 || channel0 >= 0 || has_prologue))
     return ffi::Error::InvalidArgument(
         "jtile smm: NCHWc x or y needs pixel rows, one group, one image, no prologue and no concatenation buffer");
-  if (x_nchwc && (!pointwise || x_channels != x.dimensions()[1] * W))
-    return ffi::Error::InvalidArgument("jtile smm: an NCHWc x needs a 1x1, stride-1, unpadded conv reading all of x");
+  if (x_nchwc && !pointwise)
+    return ffi::Error::InvalidArgument("jtile smm: an NCHWc x needs a 1x1, stride-1, unpadded conv");
   // GEMM i: group i / images, and image i % images in channel rows (pixel
   // rows take the whole batch at once).
   const int64_t images = pixel_rows ? 1 : s.n, count = s.groups * images;

@@ -195,9 +195,8 @@ ffi::Error ConvDepthwise(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buff
   if (auto e = decode_conv(x, w, b, attr, y, act, alpha, lo, hi, &s, &ep, -1, layouts); e.failure()) return e;
   if (s.groups != s.c || s.cg != 1)
     return ffi::Error::InvalidArgument("jtile depthwise: needs groups == input channels");
-  if ((layouts.x || layouts.y) && (s.o != s.c || s.c % W != 0))
-    return ffi::Error::InvalidArgument(
-        "jtile depthwise: NCHWc x or y needs one output channel per input channel, a multiple of W");
+  if ((layouts.x || layouts.y) && s.o != s.c)
+    return ffi::Error::InvalidArgument("jtile depthwise: NCHWc x or y needs one output channel per input channel");
   if (s.n * s.o * s.oh * s.ow == 0) return ffi::Error::Success();
   if (planes_pay(s) && !layouts.x && !layouts.y)
     conv_planes(pool, s, x.typed_data(), w.typed_data(), b.typed_data(), ep, y->typed_data());

@@ -23,6 +23,7 @@ constexpr int64_t KC = JTILE_GEMM_KC;
 #else
 constexpr int64_t KC = 256;            // K block
 #endif
+static_assert(KC % W == 0, "a blocked A is read a whole block of W channels at a time");
 constexpr int64_t NC_STRIPS = 8;       // most B strips per task
 constexpr int64_t MC_STRIPS = 24;      // most A strips per task
 
@@ -78,7 +79,15 @@ inline void store_tile(V (&acc)[R][N], const Tile& t) {
           }
           x = act(x);
         }
-        if (lanes == W) vstore(p, x); else vstore_partial(p, x, lanes);
+        if (lanes == W) {
+          vstore(p, x);
+        } else if (t.vstride != W) {  // NCHWc: the block's padding lanes are written as zeros
+          alignas(64) float padded[W] = {};
+          vstore_partial(padded, x, lanes);
+          vstore(p, vload(padded));
+        } else {
+          vstore_partial(p, x, lanes);
+        }
       }
   });
 }
@@ -279,7 +288,7 @@ void gemm_on(Runner& runner, int64_t m, int64_t n, int64_t k, const Operand& a, 
   int64_t a_stride = 0, a_step = MR;
   float* a_buffer = nullptr;
   const bool a_packed = a.packed(0, 0, &a_stride) != nullptr;
-  const bool a_blocked = !a_packed && k % W == 0 && a.blocked(0, 0, &a_step) != nullptr;
+  const bool a_blocked = !a_packed && a.blocked(0, 0, &a_step) != nullptr;
   const bool a_direct = !a_packed && !a_blocked && a.direct(0, 0, &a_step) != nullptr;
   if (!a_packed && !a_blocked && !a_direct) {
     a_buffer = runner.shared_scratch(2, strips_m * MR * k);

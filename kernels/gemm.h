@@ -36,8 +36,8 @@ struct Operand {
   // return null.
   virtual const float* direct(int64_t k0, int64_t i0, int64_t* k_stride) const { return nullptr; }
   // An A the micro-kernel reads in place from a channel-blocked tensor: row
-  // i0 + q, k0 + kk (k0 a multiple of W) at p[kk / W * *block_stride + q * W +
-  // kk % W]; others return null.
+  // i0 + q, k0 + kk (k0 a multiple of W, as every K block's start) at
+  // p[kk / W * *block_stride + q * W + kk % W]; others return null.
   virtual const float* blocked(int64_t k0, int64_t i0, int64_t* block_stride) const { return nullptr; }
 };
 
@@ -62,7 +62,7 @@ struct Columns final : Operand {
 };
 
 // Row i is position i of one NCHWc image of `positions` positions and K
-// channels (a multiple of W): x[k / W * positions * W + i * W + k % W].
+// channels: x[k / W * positions * W + i * W + k % W].
 struct NchwcRows final : Operand {
   const float* x;
   int64_t positions;

@@ -1,9 +1,10 @@
 """Channel-blocked (NCHWc) activations in the conv kernels, against `lax`.
 
-`smm` and `depthwise` take x and give y as `(N, C / W, H, W_img, W)`
-(`kernels.to_nchwc`); each must compute what the NCHW reference computes
-(rtol = atol = 1e-4 as in test_kernels.py, NaN and Inf where the reference
-has them), and the same bits as the kernel in NCHW.
+`smm` and `depthwise` take x and give y as `(N, ceil(C / W), H, W_img, W)`
+(`kernels.to_nchwc`, the last block's lanes past C zero); each must compute
+what the NCHW reference computes (rtol = atol = 1e-4 as in test_kernels.py,
+NaN and Inf where the reference has them), and the same bits as the kernel
+in NCHW.
 """
 
 import jax
@@ -32,50 +33,58 @@ def _blocked_if(flag, x):
     return kernels.to_nchwc(x) if flag else x
 
 
-def _nchw_if(flag, y):
-    return kernels.from_nchwc(y) if flag else y
+def _nchw_if(flag, y, channels):
+    return kernels.from_nchwc(y, channels) if flag else y
 
 
 def test_blocking_round_trips_and_puts_a_positions_channels_together(lanes):
-    x = np.arange(2 * 2 * lanes * 3 * 5, dtype=np.float32).reshape(2, 2 * lanes, 3, 5)
+    c = 2 * lanes - 3
+    x = np.arange(2 * c * 3 * 5, dtype=np.float32).reshape(2, c, 3, 5) + 1
     blocked = kernels.to_nchwc(x)
     assert blocked.shape == (2, 2, 3, 5, lanes)
-    np.testing.assert_array_equal(np.asarray(blocked[1, 1, 2, 4]), x[1, lanes:, 2, 4])
-    np.testing.assert_array_equal(np.asarray(kernels.from_nchwc(blocked)), x)
-    with pytest.raises(jtile.ConfigError, match=f"do not split into blocks of {lanes}"):
-        kernels.to_nchwc(np.zeros((1, lanes + 1, 2, 2), np.float32))
+    np.testing.assert_array_equal(np.asarray(blocked[1, 1, 2, 4, :lanes - 3]), x[1, lanes:, 2, 4])
+    np.testing.assert_array_equal(np.asarray(blocked[:, 1, :, :, lanes - 3:]), 0)  # padding lanes
+    np.testing.assert_array_equal(np.asarray(kernels.from_nchwc(blocked, c)), x)
+    assert kernels.from_nchwc(blocked).shape == (2, 2 * lanes, 3, 5)
+    with pytest.raises(jtile.ConfigError, match=f"2 blocks of {lanes} do not hold {lanes} channels"):
+        kernels.from_nchwc(blocked, lanes)
 
 
 # smm in pixel rows: the 1x1 expansion writes y blocked, the projection reads
 # x blocked (two K blocks at 576 channels), both at once with a blocked residual.
-@pytest.mark.parametrize("blocks_in, blocks_out, o_blocks, size, window, activation, residual", [
-    (0, 3, 9, 20, 1, "relu6", False),      # expansion 24 -> 144, output blocked
-    (9, 0, None, 20, 1, None, True),       # projection 144 -> 24 with the block's residual
-    (36, 0, None, 7, 1, None, False),      # 576 -> 24: K over two blocks of 256
-    (2, 3, 3, 9, 1, "hard_swish", True),   # both blocked, residual blocked
-    (0, 2, 4, 11, 3, "relu", False),       # a padded 3x3 (im2col) writing a blocked y
-    (1, 0, None, 13, 1, "sigmoid", False),  # ragged strips: 169 pixels
+# Channels in W lanes: 4.5 is a half-filled last block (72 of 80 with AVX-512).
+@pytest.mark.parametrize("blocks_in, o_blocks, size, window, activation, residual", [
+    (0, 9, 20, 1, "relu6", False),       # expansion 24 -> 144, output blocked
+    (9, None, 20, 1, None, True),        # projection 144 -> 24 with the block's residual
+    (36, None, 7, 1, None, False),       # 576 -> 24: K over two blocks of 256
+    (2, 3, 9, 1, "hard_swish", True),    # both blocked, residual blocked
+    (0, 4, 11, 3, "relu", False),        # a padded 3x3 (im2col) writing a blocked y
+    (1, None, 13, 1, "sigmoid", False),  # ragged strips: 169 pixels
+    (0, 4.5, 10, 1, "sigmoid", False),   # a partial last output block: its padding lanes zero
+    (4.5, 2.5, 9, 1, "relu", True),      # partial blocks in and out, residual blocked
+    (16.5, None, 5, 1, None, False),     # 264 channels: K over two blocks, the second partial
 ])
-def test_smm_takes_and_gives_blocked_activations(lanes, blocks_in, blocks_out, o_blocks, size, window,
-                                                  activation, residual):
+def test_smm_takes_and_gives_blocked_activations(lanes, blocks_in, o_blocks, size, window, activation, residual):
     rng = np.random.default_rng(1)
-    c = blocks_in * lanes if blocks_in else 24
-    o = o_blocks * lanes if o_blocks else 24
+    c = int(blocks_in * lanes) if blocks_in else 24
+    o = int(o_blocks * lanes) if o_blocks else 24
     x, w, b = _normal(rng, (1, c, size, size)), _normal(rng, (o, c, window, window)), _normal(rng, o)
     kw = dict(padding=((window // 2,) * 2,) * 2, activation=activation, alpha=1 / 6, beta=0.5)
     res = _normal(rng, (1, o, size, size)) if residual else None
     layouts = dict(x_layout="NCHWc" if blocks_in else "NCHW", y_layout="NCHWc" if o_blocks else "NCHW")
     got = jax.jit(lambda x, res: kernels.conv2d(x, w, b, algorithm="smm", residual=res, **kw, **layouts))(
         _blocked_if(blocks_in, x), None if res is None else _blocked_if(o_blocks, res))
-    assert got.shape == ((1, o // lanes, size, size, lanes) if o_blocks else (1, o, size, size))
+    assert got.shape == ((1, -(-o // lanes), size, size, lanes) if o_blocks else (1, o, size, size))
     want = kernels.conv2d_reference(x, w, b, residual=res, **kw)
-    np.testing.assert_allclose(np.asarray(_nchw_if(o_blocks, got)), want, rtol=1e-4, atol=3e-4)
+    np.testing.assert_allclose(np.asarray(_nchw_if(o_blocks, got, o)), want, rtol=1e-4, atol=3e-4)
+    if o_blocks and o % lanes:
+        np.testing.assert_array_equal(np.asarray(got[:, -1, :, :, o % lanes:]), 0)
     # The same products in the same order as the kernel in NCHW (pixel rows there too).
     if window == 1 and blocks_in:
         nchw = kernels.conv2d(x, w, b, algorithm="smm", residual=res, **kw)
         if kernels.smm_pixel_rows(kernels.ConvSpec((1, c, size, size), w.shape, (1, 1), ((0, 0), (0, 0)),
                                                    (1, 1), 1, np.dtype(np.float32))):
-            np.testing.assert_array_equal(np.asarray(_nchw_if(o_blocks, got)), np.asarray(nchw))
+            np.testing.assert_array_equal(np.asarray(_nchw_if(o_blocks, got, o)), np.asarray(nchw))
 
 
 @pytest.mark.parametrize("blocks, size, window, stride, padding, n, x_blocked, y_blocked", [
@@ -85,24 +94,29 @@ def test_smm_takes_and_gives_blocked_activations(lanes, blocks_in, blocks_out, o
     (2, 7, 3, 1, ((1, 1), (1, 1)), 1, False, True),    # NCHW into blocked
     (1, 10, 3, 2, ((0, 1), (0, 1)), 1, True, True),    # asymmetric padding
     (2, 17, 7, 1, ((3, 3), (3, 3)), 1, True, True),    # 7x7, ragged register blocks
+    (4.5, 12, 5, 2, ((2, 2), (2, 2)), 2, True, True),  # MobileNetV3's 72 channels: a partial block, batch 2
+    (1.5, 6, 3, 1, ((1, 1), (1, 1)), 1, False, True),  # a partial block from NCHW
 ])
 def test_depthwise_takes_and_gives_blocked_activations(lanes, blocks, size, window, stride, padding, n,
                                                         x_blocked, y_blocked):
     rng = np.random.default_rng(2)
-    c = blocks * lanes
+    c = int(blocks * lanes)
     x, w, b = _normal(rng, (n, c, size, size)), _normal(rng, (c, 1, window, window)), _normal(rng, c)
     kw = dict(stride=(stride,) * 2, padding=padding, groups=c, activation="relu6")
     layouts = dict(x_layout="NCHWc" if x_blocked else "NCHW", y_layout="NCHWc" if y_blocked else "NCHW")
     got = kernels.conv2d(_blocked_if(x_blocked, x), w, b, algorithm="depthwise", **kw, **layouts)
     want = kernels.conv2d_reference(x, w, b, **kw)
-    np.testing.assert_allclose(np.asarray(_nchw_if(y_blocked, got)), want, **TOL)
+    np.testing.assert_allclose(np.asarray(_nchw_if(y_blocked, got, c)), want, **TOL)
+    if y_blocked and c % lanes:  # relu6(0): the padding lanes stay zero
+        np.testing.assert_array_equal(np.asarray(got[:, -1, :, :, c % lanes:]), 0)
 
 
-def test_a_blocked_chain_gives_the_bits_of_the_nchw_chain(lanes):
+@pytest.mark.parametrize("expanded", [6, 4.5])
+def test_a_blocked_chain_gives_the_bits_of_the_nchw_chain(lanes, expanded):
     """An inverted residual (expand, depthwise, project with its residual) at
     14x14, blocked between its convs, against the same three kernels in NCHW."""
     rng = np.random.default_rng(3)
-    c, e = 24, 6 * lanes
+    c, e = 24, int(expanded * lanes)
     x = _normal(rng, (1, c, 14, 14))
     we, be, wd, bd, wp, bp = (_normal(rng, s) for s in ((e, c, 1, 1), (e,), (e, 1, 3, 3), (e,), (c, e, 1, 1), (c,)))
 
@@ -120,17 +134,17 @@ def test_a_blocked_chain_gives_the_bits_of_the_nchw_chain(lanes):
 @settings(max_examples=20, deadline=None)
 def test_blocked_depthwise_matches_lax_on_any_geometry(data):
     lanes = kernels.vector_lanes()
-    blocks, k = data.draw(st.integers(1, 3)), data.draw(st.sampled_from([1, 2, 3, 5]))
+    c, k = data.draw(st.integers(1, 3 * lanes)), data.draw(st.sampled_from([1, 2, 3, 5]))
     stride = data.draw(st.integers(1, 3))
     padding = tuple((data.draw(st.integers(0, k - 1)), data.draw(st.integers(0, k - 1))) for _ in range(2))
     h, w = data.draw(st.integers(k, 12)), data.draw(st.integers(k, 12))
     n = data.draw(st.integers(1, 2))
     rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
-    c = blocks * lanes
     x, wt, b = _normal(rng, (n, c, h, w)), _normal(rng, (c, 1, k, k)), _normal(rng, c)
     kw = dict(stride=(stride, stride), padding=padding, groups=c, activation="relu")
     got = kernels.conv2d(kernels.to_nchwc(x), wt, b, algorithm="depthwise", x_layout="NCHWc", y_layout="NCHWc", **kw)
-    np.testing.assert_allclose(np.asarray(kernels.from_nchwc(got)), kernels.conv2d_reference(x, wt, b, **kw), **TOL)
+    np.testing.assert_allclose(np.asarray(kernels.from_nchwc(got, c)), kernels.conv2d_reference(x, wt, b, **kw),
+                               **TOL)
 
 
 @pytest.mark.parametrize("algorithm", ["smm", "depthwise"])
@@ -169,9 +183,9 @@ def test_gradients_flow_through_blocked_layouts(lanes):
 @pytest.mark.parametrize("algorithm, x_shape, w_shape, groups, layouts, message", [
     ("smm", (1, 32, 8, 8), (16, 32, 3, 3), 1, ("NCHWc", "NCHW"), r"an NCHWc x needs a 1x1, stride-1, unpadded conv"),
     ("smm", (2, 32, 8, 8), (32, 32, 1, 1), 1, ("NCHW", "NCHWc"), "one image of one group"),
-    ("smm", (1, 32, 8, 8), (24, 32, 1, 1), 1, ("NCHW", "NCHWc"), r"an NCHWc y needs a multiple of \d+ output"),
     ("smm", (1, 32, 8, 8), (32, 16, 1, 1), 2, ("NCHWc", "NCHW"), "one image of one group"),
     ("depthwise", (1, 32, 8, 8), (64, 1, 3, 3), 32, ("NCHWc", "NCHWc"), "maps 32 to 64"),
+    ("depthwise", (1, 32, 8, 8), (64, 1, 3, 3), 32, ("NCHW", "NCHWc"), "one output channel per input channel"),
     ("winograd", (1, 32, 8, 8), (32, 32, 3, 3), 1, ("NCHW", "NCHWc"), "'winograd' takes no nchwc="),
 ])
 def test_layers_a_kernel_cannot_block_are_refused(algorithm, x_shape, w_shape, groups, layouts, message):
@@ -188,8 +202,11 @@ def test_blocked_layouts_refuse_bad_arguments(lanes):
     x, w = np.zeros((1, 2 * lanes, 6, 6), np.float32), np.zeros((2 * lanes, 2 * lanes, 1, 1), np.float32)
     with pytest.raises(jtile.ConfigError, match="x_layout must be 'NCHW' or 'NCHWc', got 'NHWC'"):
         kernels.conv2d(x, w, algorithm="smm", x_layout="NHWC")
-    with pytest.raises(jtile.ConfigError, match=r"an NCHWc x is \(N, C / \d+, H, W, \d+\)"):
+    with pytest.raises(jtile.ConfigError, match=r"an NCHWc x holding the \d+ channels .* is \(N, 2, H, W, \d+\)"):
         kernels.conv2d(x, w, algorithm="smm", x_layout="NCHWc")
+    with pytest.raises(jtile.ConfigError, match=r"is \(N, 2, H, W, \d+\), got \(1, 3, 6, 6, \d+\)"):
+        kernels.conv2d(kernels.to_nchwc(np.zeros((1, 3 * lanes, 6, 6), np.float32)), w, algorithm="smm",
+                       x_layout="NCHWc")
     with pytest.raises(jtile.ConfigError, match="do not combine with into="):
         kernels.conv2d(x, w, algorithm="smm", y_layout="NCHWc", into=(4 * lanes, 0))
     with pytest.raises(jtile.ConfigError, match=r"residual must have the output's shape \(1, 2, 6, 6"):
