@@ -877,14 +877,18 @@ def _concat_slot(name: str, algo: ConvAlgorithm, spec: ConvSpec, into) -> tuple[
 
 
 @functools.cache
-def gemm_tile() -> Pair:
-    """The C GEMM's register tile `(MR, NR)`: rows by columns of C held in registers."""
+def gemm_tile(shape: str = "wide") -> Pair:
+    """The C GEMM's register tile `(MR, NR)`: rows by columns of C held in
+    registers. `shape` "wide" serves every GEMM but a conv's in channel rows,
+    which takes the "tall" one (`smm` packs such a weight in its MR-row strips)."""
+    if shape not in ("wide", "tall"):
+        raise ConfigError(f"gemm_tile: shape must be 'wide' or 'tall', got {shape!r}")
     reason = kernel_unavailable("jtile_conv_smm")
     if reason is not None:
         raise UnsupportedError(reason)
-    tile = (ctypes.c_int64 * 2)()
+    tile = (ctypes.c_int64 * 4)()
     ctypes.cdll.LoadLibrary(LIBRARY_PATH).JtileGemmTile(tile)
-    return int(tile[0]), int(tile[1])
+    return (int(tile[0]), int(tile[1])) if shape == "wide" else (int(tile[2]), int(tile[3]))
 
 
 def smm_pixel_rows(spec: ConvSpec) -> bool:
@@ -936,7 +940,7 @@ def pack_gemm_weight(w: jax.Array, groups: int, rows: int) -> jax.Array:
 
 def _smm_prepare(spec: ConvSpec, w: jax.Array) -> tuple[jax.Array, dict]:
     pixel_rows = spec.nchwc or smm_pixel_rows(spec)
-    rows = gemm_tile()[1 if pixel_rows else 0]
+    rows = gemm_tile()[1] if pixel_rows else gemm_tile("tall")[0]
     return pack_gemm_weight(w, spec.groups, rows), dict(
         kernel=np.array([spec.w_shape[0], *spec.w_shape[2:]], np.int64),
         pixel_rows=np.int64(pixel_rows),

@@ -44,7 +44,7 @@ struct Im2col final : Operand {
 
   void pack(int64_t k0, int64_t kc, int64_t i0, int64_t count, int r, float* dst) const override {
     const int64_t pixels = s.oh * s.ow;
-    Run runs[std::max(GEMM_MR, GEMM_NR)];  // a run per row at most; r is MR or NR
+    Run runs[GEMM_MAX_STRIP];  // a run per row at most
     for (int64_t j = 0; j < count; j += r, dst += kc * r) {
       const int rows = (int)std::min<int64_t>(r, count - j);
 #if defined(__AVX512F__)
@@ -197,7 +197,9 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, 
       e.failure())
     return e;
   const int64_t og = s.og(), taps = s.cg * s.kh * s.kw, pixels = s.oh * s.ow;
-  const int r = pixel_rows ? GEMM_NR : GEMM_MR;
+  // Pixel rows: B is the weight, in strips of the wide tile's NR columns;
+  // channel rows: A is the weight, in strips of the tall tile's MR rows.
+  const int r = pixel_rows ? GEMM_NR : GEMM_TALL_MR;
   if (wd.size() != 4 || wd[0] != s.groups || wd[1] != ceil_div(og, r) || wd[2] != taps || wd[3] != r)
     return ffi::Error::InvalidArgument(
         "jtile smm: the packed w (groups, strips, K, R) does not match the conv and the GEMM tile");
@@ -241,11 +243,11 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, 
     GemmOutput out{yg + n * s.o * pixels, pixels, bias, nullptr, ep, rg ? rg + n * s.o * pixels : nullptr};
     if (has_prologue)
       gemm(pool, og, pixels, taps, wg, PrologueColumns(xg, pixels, prologue.typed_data(), s.c, prologue_act), out,
-           serial);
+           serial, GemmShape::kTall);
     else if (pointwise)
-      gemm(pool, og, pixels, taps, wg, Columns(xg, pixels), out, serial);
+      gemm(pool, og, pixels, taps, wg, Columns(xg, pixels), out, serial, GemmShape::kTall);
     else
-      gemm(pool, og, pixels, taps, wg, Im2col(s, xg), out, serial);
+      gemm(pool, og, pixels, taps, wg, Im2col(s, xg), out, serial, GemmShape::kTall);
   };
   // Many GEMMs (grouped convs): one a task, each on one thread, since a
   // group's GEMM is too small to pay for spreading it over the workers

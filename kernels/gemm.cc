@@ -17,7 +17,6 @@
 namespace jtile {
 namespace {
 
-constexpr int MR = GEMM_MR, NV = GEMM_NV, NR = GEMM_NR;
 #ifdef JTILE_GEMM_KC  // for tuning experiments
 constexpr int64_t KC = JTILE_GEMM_KC;
 #else
@@ -100,7 +99,7 @@ inline void store_tile(V (&acc)[R][N], const Tile& t) {
 // into the tile; meanwhile the next B strip (kc x NR at `next`, or null) is
 // fetched into L2, one k row a step, so weights streaming from memory arrive
 // early.
-template <int R, int N, bool BLOCKED>
+template <int R, int N, bool BLOCKED, int NR>
 void micro_kernel(int64_t kc, const float* __restrict a, int64_t a_step, const float* __restrict b, int64_t bk,
                   const float* next, const Tile& t) {
   V acc[R][N];
@@ -125,23 +124,27 @@ void micro_kernel(int64_t kc, const float* __restrict a, int64_t a_step, const f
   store_tile<R, N>(acc, t);
 }
 
-// KERNELS[blocked][rows - 1][vectors - 1]: the micro-kernel for a tile of
-// that many rows and vectors of columns, A packed or blocked.
+// KERNELS<MR, NV>[blocked][rows - 1][vectors - 1]: the micro-kernel for a
+// tile of that many rows and vectors of columns of the MR x NV register
+// tile, A packed or blocked.
 using MicroKernel = void (*)(int64_t, const float*, int64_t, const float*, int64_t, const float*, const Tile&);
+template <int MR, int NV>
+using KernelTable = std::array<std::array<MicroKernel, NV>, MR>;
 
-template <bool B, int R, int... N>
+template <bool B, int NV, int R, int... N>
 constexpr std::array<MicroKernel, NV> row_kernels(std::integer_sequence<int, N...>) {
-  return {&micro_kernel<R, N + 1, B>...};
+  return {&micro_kernel<R, N + 1, B, NV * W>...};
 }
 
-template <bool B, int... R>
-constexpr std::array<std::array<MicroKernel, NV>, MR> kernel_table(std::integer_sequence<int, R...>) {
-  return {row_kernels<B, R + 1>(std::make_integer_sequence<int, NV>{})...};
+template <bool B, int MR, int NV, int... R>
+constexpr KernelTable<MR, NV> kernel_table(std::integer_sequence<int, R...>) {
+  return {row_kernels<B, NV, R + 1>(std::make_integer_sequence<int, NV>{})...};
 }
 
-constexpr std::array<std::array<MicroKernel, NV>, MR> KERNELS[2] = {
-    kernel_table<false>(std::make_integer_sequence<int, MR>{}),
-    kernel_table<true>(std::make_integer_sequence<int, MR>{})};
+template <int MR, int NV>
+constexpr KernelTable<MR, NV> KERNELS[2] = {
+    kernel_table<false, MR, NV>(std::make_integer_sequence<int, MR>{}),
+    kernel_table<true, MR, NV>(std::make_integer_sequence<int, MR>{})};
 
 // How C is cut into tasks of up to MC_STRIPS x NC_STRIPS micro-tiles: the
 // cut with the shortest makespan on `workers` threads, counting a task's tiles
@@ -277,8 +280,10 @@ struct InlineRunner final : Runner {
   float* shared_scratch(int slot, int64_t count) override { return ws.get(worker, slot, count); }
 };
 
+template <int MR, int NV>
 void gemm_on(Runner& runner, int64_t m, int64_t n, int64_t k, const Operand& a, const Operand& b,
              const GemmOutput& out) {
+  constexpr int NR = NV * W;
   if (m <= 0 || n <= 0) return;
   const int64_t strips_m = ceil_div(m, MR), strips_n = ceil_div(n, NR);
   const int64_t kblocks = std::max<int64_t>(1, ceil_div(k, KC));
@@ -357,7 +362,7 @@ void gemm_on(Runner& runner, int64_t m, int64_t n, int64_t k, const Operand& a, 
                      out.row_bias ? out.row_bias + row : nullptr,
                      out.col_bias ? out.col_bias + col : nullptr, &out.ep,
                      out.residual ? out.residual + row * out.ldc + out.column(col) : nullptr, out.vector_stride};
-          KERNELS[a_blocked][rows - 1][ceil_div(cols, W) - 1](kc, a_strip(k0, kc, s), a_step, bj, bj_k,
+          KERNELS<MR, NV>[a_blocked][rows - 1][ceil_div(cols, W) - 1](kc, a_strip(k0, kc, s), a_step, bj, bj_k,
                                                               s == s0 ? next : nullptr, t);
         }
       }
@@ -370,14 +375,15 @@ void gemm_on(Runner& runner, int64_t m, int64_t n, int64_t k, const Operand& a, 
 }  // namespace
 
 void gemm(ffi::ThreadPool& pool, int64_t m, int64_t n, int64_t k, const Operand& a,
-          const Operand& b, const GemmOutput& out, bool serial) {
+          const Operand& b, const GemmOutput& out, bool serial, GemmShape shape) {
+  const auto on = shape == GemmShape::kTall ? gemm_on<GEMM_TALL_MR, GEMM_TALL_NV> : gemm_on<GEMM_MR, GEMM_NV>;
   if (!serial) {
     PoolRunner runner(pool);
-    return gemm_on(runner, m, n, k, a, b, out);
+    return on(runner, m, n, k, a, b, out);
   }
   Workspace ws(pool, 3);  // serial: every task on the calling thread, as worker 0 of its own workspace
   InlineRunner one(ws, 0);
-  gemm_on(one, m, n, k, a, b, out);
+  on(one, m, n, k, a, b, out);
 }
 
 void gemm_batched(ffi::ThreadPool& pool, int64_t batch, int64_t m, int64_t n, int64_t k,
@@ -385,19 +391,26 @@ void gemm_batched(ffi::ThreadPool& pool, int64_t batch, int64_t m, int64_t n, in
   PoolRunner runner(pool);
   if (batch < runner.workers()) {
     for (int64_t i = 0; i < batch; ++i)
-      element(i, [&](const Operand& a, const Operand& b, const GemmOutput& out) { gemm_on(runner, m, n, k, a, b, out); });
+      element(i, [&](const Operand& a, const Operand& b, const GemmOutput& out) {
+        gemm_on<GEMM_MR, GEMM_NV>(runner, m, n, k, a, b, out);
+      });
     return;
   }
   parallel_for(pool, batch, [&](int64_t i, int worker) {
     InlineRunner one(runner.ws, worker);
-    element(i, [&](const Operand& a, const Operand& b, const GemmOutput& out) { gemm_on(one, m, n, k, a, b, out); });
+    element(i, [&](const Operand& a, const Operand& b, const GemmOutput& out) {
+      gemm_on<GEMM_MR, GEMM_NV>(one, m, n, k, a, b, out);
+    });
   });
 }
 
 }  // namespace jtile
 
-// The GEMM's register tile, so that Python packs weights to match: [MR, NR].
+// The GEMM's register tiles, so that Python packs weights to match: [MR, NR]
+// of the wide tile, then of the tall one.
 extern "C" void JtileGemmTile(int64_t* tile) {
   tile[0] = jtile::GEMM_MR;
   tile[1] = jtile::GEMM_NR;
+  tile[2] = jtile::GEMM_TALL_MR;
+  tile[3] = jtile::GEMM_TALL_NV * jtile::W;
 }

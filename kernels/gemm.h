@@ -11,15 +11,23 @@
 
 namespace jtile {
 
-// Micro-tile: MR rows of C by NR = NV vectors of columns.
+// Micro-tiles: MR rows of C by NR = NV vectors of columns. The wide tile
+// (7 x 4 with AVX-512) serves every GEMM but a conv's in channel rows, which
+// takes the tall one (8 x 3): the wide tile's 28 accumulators, 4 B vectors
+// and a broadcast need 33 registers, so one accumulator spills on every k
+// step; 8 x 3 needs 28. Measured on 1x1 and 3x3 convs in channel rows 1.04-1.15x
+// (and 0.78-0.84x on 7x7 pixel-row layers, which keep the wide tile).
 #if defined(JTILE_GEMM_MR) && defined(JTILE_GEMM_NV)  // for tuning experiments
-constexpr int GEMM_MR = JTILE_GEMM_MR, GEMM_NV = JTILE_GEMM_NV;
+constexpr int GEMM_MR = JTILE_GEMM_MR, GEMM_NV = JTILE_GEMM_NV, GEMM_TALL_MR = GEMM_MR, GEMM_TALL_NV = GEMM_NV;
 #elif defined(__AVX512F__)
-constexpr int GEMM_MR = 7, GEMM_NV = 4;
+constexpr int GEMM_MR = 7, GEMM_NV = 4, GEMM_TALL_MR = 8, GEMM_TALL_NV = 3;
 #else
-constexpr int GEMM_MR = 6, GEMM_NV = 2;
+constexpr int GEMM_MR = 6, GEMM_NV = 2, GEMM_TALL_MR = 6, GEMM_TALL_NV = 2;
 #endif
 constexpr int GEMM_NR = GEMM_NV * W;
+// The most rows of an operand strip, of either tile (R of Operand::pack).
+constexpr int GEMM_MAX_STRIP = std::max({GEMM_MR, GEMM_NR, GEMM_TALL_MR, GEMM_TALL_NV * W});
+enum class GemmShape { kWide, kTall };
 
 // One GEMM operand as `rows` x K (the M rows of A, or the N columns of C for
 // B), handed to the kernel in strips of R rows: a strip is kc x R floats,
@@ -107,9 +115,10 @@ struct GemmOutput {
 };
 
 // serial: run on the calling thread only (a caller that parallelises over
-// many small GEMMs itself); the result is the same bits either way.
+// many small GEMMs itself); the result is the same bits either way. shape:
+// the register tile (A's strips of MR rows, pre-packed ones included).
 void gemm(ffi::ThreadPool& pool, int64_t m, int64_t n, int64_t k, const Operand& a,
-          const Operand& b, const GemmOutput& out, bool serial = false);
+          const Operand& b, const GemmOutput& out, bool serial = false, GemmShape shape = GemmShape::kWide);
 
 // `batch` independent GEMMs of one shape: `element(i, compute)` calls
 // `compute(a, b, out)` with element i's operands and output. With at least as

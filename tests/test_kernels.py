@@ -99,6 +99,18 @@ def test_smm_orientations_fuse_bias_residual_and_activation(x_shape, w_shape, st
     kw = dict(**config, activation="leaky_relu", alpha=0.1, residual=residual)
     got = kernels.conv2d(x, w, b, algorithm="smm", **kw)
     np.testing.assert_allclose(got, kernels.conv2d_reference(x, w, b, **kw), rtol=1e-4, atol=3e-4)
+    # Pixel rows pack the weight as the wide tile's B columns, channel rows as the tall tile's A rows.
+    packed = kernels._smm_prepare(spec, w)[0]
+    rows = kernels.gemm_tile()[1] if pixel_rows else kernels.gemm_tile("tall")[0]
+    assert packed.shape == (1, -(-w_shape[0] // rows), np.prod(w_shape[1:]), rows)
+
+
+def test_gemm_tiles_are_named_wide_and_tall():
+    (mr, nr), (tall_mr, tall_nr) = kernels.gemm_tile(), kernels.gemm_tile("tall")
+    assert nr % kernels.vector_lanes() == 0 and tall_nr % kernels.vector_lanes() == 0
+    assert tall_mr >= mr
+    with pytest.raises(jtile.ConfigError, match="shape must be 'wide' or 'tall', got 'square'"):
+        kernels.gemm_tile("square")
 
 
 @pytest.mark.parametrize("algorithm", ["direct", "smm", "grouped"])
