@@ -431,7 +431,7 @@ def _describe_conv_call(eqn):
         eqn.invars[1].aval.shape[0], *eqn.invars[1].aval.shape[2:])
     fields = layer_fields(eqn)
     x_channels = _attribute(eqn, "x_channels")  # the channels it reads of a larger or channel-blocked x
-    if x_channels is None and _attribute(eqn, "x_nchwc"):  # (depthwise: one a group)
+    if x_channels is None and _attribute(eqn, "x_nchwc"):  # a handler without x_channels: what w reads
         x_channels = groups * eqn.invars[1].aval.shape[1]
     if x_channels is not None:  # NCHW (N, C, H, W) or NCHWc (N, C / W, H, W, W) alike
         n, _, h, w = fields["in_shapes"][0][:4]
@@ -512,10 +512,12 @@ _CONV_ALGORITHMS: dict[str, ConvAlgorithm] = {}
 def register_conv_algorithm(name: str, target: str, symbol: str,
                             support: Callable[[ConvSpec], str | None], prepare=None,
                             residual: bool = False, max_pool=None, prologue=None,
-                            reads_prefix: bool = False, nchwc=None) -> None:
+                            reads_prefix: bool = False,
+                            nchwc: Callable[[ConvSpec], str | None] | None = None) -> None:
     """Add a conv algorithm whose handler takes (x, prepared weight, bias[,
     residual]) and the "conv" and epilogue attributes of `JTILE_CONV_BINDING`
-    (kernels/common.h); an empty residual buffer means none."""
+    (kernels/common.h); an empty residual buffer means none. The optional
+    arguments are `ConvAlgorithm`'s fields: what else the handler binds."""
     _TARGETS[target] = symbol
     _registry.register(f"ffi_call:{target}", describe=_describe_conv_call, macs=_call_macs,
                        weights=(1, 2, 5), activations=(0, 3, 4))
