@@ -21,7 +21,7 @@ def find_pools_first(graph: Graph, avg_pools: dict[int, int], linear_pointwise) 
     `linear_pointwise(conv eqn)` holds."""
     found = {}
     for op in graph.ops:
-        if id(op.eqn) not in avg_pools or pool_axes(op.eqn) != (2, 3):
+        if id(op.eqn) not in avg_pools or op.primitive != "reduce_window_sum" or pool_axes(op.eqn) != (2, 3):
             continue
         p = op.eqn.params
         dilations = (*p["base_dilation"], *p["window_dilation"])

@@ -213,8 +213,8 @@ def _find_layers(graph: Graph, kinds_wanted):
     found = []
     for op in graph.all_ops():
         eqn, layer = op.eqn, op.layer()
-        if layer is not None and id(eqn) in avg_pools:
-            layer = dataclasses.replace(layer, kind="avgpool2d")
+        if id(eqn) in avg_pools:
+            layer = kinds.global_pool_layer(eqn) if layer is None else dataclasses.replace(layer, kind="avgpool2d")
         if layer is None or layer.kind not in kinds_wanted:
             continue
         index = counts.get(layer.kind, 0)

@@ -1002,3 +1002,45 @@ def test_gradients_flow_through_blocked_activations(getkey):
     got = jax.grad(lambda x: jnp.sum(swapped(x) ** 2))(x)
     want = jax.grad(lambda x: jnp.sum(_inverted_residual(p, x) ** 2))(x)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-3, atol=1e-3)
+
+
+# ------------------------------------------------ global average pools
+
+
+@pytest.mark.parametrize("keepdims", [True, False])
+def test_global_average_pools_run_on_the_pool_kernel(getkey, tree_allclose, keepdims):
+    """`jnp.mean` over H and W (ONNX's GlobalAveragePool as imported: a sum,
+    broadcast back to (N, C, 1, 1), divided by H * W) is an `avgpool2d`
+    layer: `auto` runs it on the global pool kernel, its sum and division gone."""
+    x = jax.random.normal(getkey(), (2, 24, 9, 11))
+    w = jax.random.normal(getkey(), (16, 24, 1, 1)) * 0.2
+
+    def squeeze(x):
+        pooled = jnp.mean(x, axis=(2, 3), keepdims=keepdims)
+        return _conv(jax.nn.sigmoid(pooled if keepdims else pooled[:, :, None, None]), w, padding=0)
+
+    f = _swapped_and_checked(squeeze, x, "auto", tree_allclose)
+    jaxpr = jax.make_jaxpr(f)(x).jaxpr
+    targets = [e.params["target_name"] for e in _iter_eqns(jaxpr) if e.primitive.name == "ffi_call"]
+    assert "jtile_global_avg_pool2d" in targets
+    assert not {"reduce_sum", "div"} & set(_primitives(f, x))
+    (pool,) = [layer for layer in jtile.graph(f, x).described().values() if layer.kind == "avgpool2d"]
+    assert pool.kernel_size == (9, 11) and pool.in_shapes[0] == x.shape
+
+
+@pytest.mark.parametrize("case", ["sum only", "divided by the wrong count", "over H alone", "sum read twice"])
+def test_sums_that_are_not_global_average_pools_stay_on_xla(getkey, tree_allclose, case):
+    x = jax.random.normal(getkey(), (1, 8, 5, 6))
+
+    def reduce(x):
+        if case == "over H alone":
+            return jnp.mean(x, axis=2)
+        total = jnp.sum(x, axis=(2, 3))
+        if case == "sum only":
+            return total
+        if case == "sum read twice":
+            return total / 30.0 + total
+        return total / 31.0
+
+    f = _swapped_and_checked(reduce, x, {"avgpool2d": "auto"}, tree_allclose)
+    assert "reduce_sum" in _primitives(f, x)

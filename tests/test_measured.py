@@ -40,11 +40,11 @@ def test_measured_matches_the_model_and_caches_every_layer(model, capsys, tree_a
     assert tree_allclose(out, _net(params, x), rtol=2e-4, atol=2e-4)
     with open(_measured.cache_path()) as f:
         table = json.load(f)
-    assert len(table) == 3  # two convs and the dense layer
+    assert len(table) == 4  # two convs, the global average pool and the dense layer
     for timings in table.values():
         assert "default" in timings and len(timings) >= 2 and all(t > 0 for t in timings.values())
     printed = capsys.readouterr().err
-    assert printed.count("jtile: measured") == 3 and "conv2d #1" in printed
+    assert printed.count("jtile: measured") == 4 and "conv2d #1" in printed
 
 
 def test_choice_is_the_fastest_cached_timing_and_nothing_is_measured_twice(model, monkeypatch):
