@@ -17,8 +17,10 @@ Conv branches of a channel concatenation write their parts straight into its
 buffer where their kernels can (`jtile._concat_in_place`), and a max pool over
 a conv's output is computed in the conv's call where its kernel can
 (`jtile._pool_in_conv`), as is a per-channel affine chain and ReLU before a
-1x1 conv (`jtile._conv_prologue`); an average pool after a linear 1x1 conv
-runs before it, on the conv's input (`jtile._pool_before_conv`). Activations
+1x1 conv (`jtile._conv_prologue`), and a 1x1 conv whose only reader is a
+depthwise conv, in the depthwise conv's call (`jtile._expanded_depthwise`); an
+average pool after a linear 1x1 conv runs before it, on the conv's input
+(`jtile._pool_before_conv`). Activations
 that pass only between kernel convs that can take them channel-blocked stay
 so (`jtile._nchwc`).
 
@@ -42,6 +44,7 @@ from . import _algorithm_kinds as kinds
 from . import _measured
 from ._concat_in_place import Assembly, Part, find_parts
 from ._conv_prologue import Prologue, find_prologues
+from ._expanded_depthwise import find_expansions
 from ._errors import ConfigError, UnsupportedError, reject_positional, reject_unknown
 from ._graph import Graph
 from ._interpreter import bind, transform
@@ -204,6 +207,7 @@ class _Plan:
     prologues: dict[int, Prologue] = dataclasses.field(default_factory=dict)  # id(conv eqn) -> its chain
     pools_first: dict = dataclasses.field(default_factory=dict)  # id(conv eqn) -> the sum pool run before it
     blocked: Blocked = Blocked(frozenset(), frozenset())  # convs writing / reading NCHWc
+    expansions: dict = dataclasses.field(default_factory=dict)  # id(depthwise conv eqn) -> the 1x1 conv it runs
 
 
 def _find_layers(graph: Graph, kinds_wanted):
@@ -278,8 +282,16 @@ def _plan(closed: jcore.ClosedJaxpr, selectors: dict[str, Selector]) -> _Plan:
 
     fused = {*plan.parts, *plan.pooled, *plan.prologues, *plan.prefix_readers, *plan.pools_first}
 
-    def blocks(side: str):
-        return lambda conv: (swapped_conv(conv) and id(conv) not in fused
+    def expands(expansion, conv) -> bool:
+        return (swapped_conv(expansion) and swapped_conv(conv) and not {id(expansion), id(conv)} & fused
+                and kinds.expands(expansion, conv, plan.swaps[id(conv)].name))
+
+    plan.expansions = find_expansions(graph, expands)
+    expanded = {id(expansion) for expansion in plan.expansions.values()}
+
+    def blocks(side: str):  # (a conv running its expansion reads the expansion's NCHW x)
+        return lambda conv: (swapped_conv(conv) and id(conv) not in fused | expanded
+                             and not (side == "x" and id(conv) in plan.expansions)
                              and kinds.blocks(conv, plan.swaps[id(conv)].name, side))
 
     plan.blocked = find_blocked(graph, blocks("y"), blocks("x"), kinds.blocking_pays)
@@ -291,9 +303,14 @@ def _rules(plan: _Plan) -> dict:
     filled = {}  # id(last concatenate eqn) -> the channels its concatenations have assembled so far
     chain = {op: (conv, *step) for conv, p in plan.prologues.items() for op, step in p.ops.items()}
     operands = {}  # id(conv eqn) -> {role: per-channel operand} of its prologue, as the chain runs
+    expanding = {id(e): conv for conv, e in plan.expansions.items()}  # id(1x1 conv eqn) -> id(its depthwise conv)
+    expansion_operands = {}  # id(depthwise conv eqn) -> its expansion's operands
 
     def swap(eqn, *invals):
         if id(eqn) in plan.dropped:
+            return invals[0]
+        if id(eqn) in expanding:  # run by its depthwise conv, to which it passes its x on
+            expansion_operands[expanding[id(eqn)]] = invals
             return invals[0]
         if id(eqn) in chain:  # a prologue's step: pass its data operand on, keep its constant
             conv, role, pos = chain[id(eqn)]
@@ -315,6 +332,10 @@ def _rules(plan: _Plan) -> dict:
             run = functools.partial(run, x_layout="NCHWc")
         if id(eqn) in plan.blocked.writers:
             run = functools.partial(run, y_layout="NCHWc")
+        if id(eqn) in plan.expansions:
+            layout = {"y_layout": "NCHWc"} if id(eqn) in plan.blocked.writers else {}
+            return kinds.run_expanded(eqn, plan.expansions[id(eqn)], expansion_operands.pop(id(eqn)), *invals,
+                                      **layout)
         if id(eqn) in plan.pooled:  # the pool's equation, dropped, passes this output on
             return run(eqn, *invals, producers=plan.producers, max_pool=plan.pooled[id(eqn)])
         if id(eqn) not in plan.parts:

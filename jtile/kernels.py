@@ -1067,6 +1067,105 @@ def _depthwise_nchwc(spec: ConvSpec) -> str | None:
 register_conv_algorithm("depthwise", "jtile_conv_depthwise", "JtileConvDepthwise", _depthwise_support,
                         nchwc=_depthwise_nchwc)
 
+# ------------------------------------------ depthwise conv of an expansion
+
+_TARGETS["jtile_conv_expanded_depthwise"] = "JtileConvExpandedDepthwise"
+
+
+def expanded_depthwise_support(x_shape: Sequence[int], expand_shape: Sequence[int], w_shape: Sequence[int],
+                               stride: Pair = (1, 1), padding: Padding = ((0, 0), (0, 0)),
+                               dilation: Pair = (1, 1), dtype=np.float32) -> str | None:
+    """Why `expanded_depthwise_conv2d` cannot run this pair of layers, or None:
+    x NCHW, the 1x1 conv's weight `expand_shape` (C, c, 1, 1), the depthwise
+    conv's `w_shape` (C, 1, KH, KW)."""
+    if len(expand_shape) != 4 or tuple(expand_shape[2:]) != (1, 1) or len(x_shape) != 4 \
+            or expand_shape[1] != x_shape[1]:
+        return f"the expansion must be a 1x1 conv of x {tuple(x_shape)}, got a weight {tuple(expand_shape)}"
+    channels = expand_shape[0]
+    spec = _geometry_spec((x_shape[0], channels, *x_shape[2:]), w_shape, stride, padding, dilation, channels, dtype)
+    problem = spec.problem() or _depthwise_support(spec) or _depthwise_nchwc(spec)
+    return problem or kernel_unavailable("jtile_conv_expanded_depthwise")
+
+
+def expanded_depthwise_conv2d(x: jax.Array, expand_w: jax.Array, expand_b: jax.Array | None, w: jax.Array,
+                              b: jax.Array | None = None, *, stride: Pair = (1, 1),
+                              padding: Padding = ((0, 0), (0, 0)), dilation: Pair = (1, 1),
+                              activation: str | None = None, alpha: float = 0.0, beta: float = 0.0,
+                              clip: Sequence[float] = (0.0, 6.0), expand_activation: str | None = None,
+                              expand_alpha: float = 0.0, expand_beta: float = 0.0,
+                              expand_clip: Sequence[float] = (0.0, 6.0), y_layout: str = "NCHW") -> jax.Array:
+    """The depthwise conv `w` (C, 1, KH, KW) of `expand_activation(conv1x1(x,
+    expand_w) + expand_b)` in one kernel call: the inverted residual block's
+    expansion and depthwise conv, with the expansion (C, c, 1, 1) computed
+    band by band where the depthwise conv reads it, so its output (C channels
+    at x's size, the block's largest tensor) is never written out. Rows that
+    bands share are computed twice (`in_rows / (band * stride)` of the
+    expansion: 1.1-1.3x). x NCHW; y NCHW, or channel-blocked with
+    `y_layout="NCHWc"`; activations as `conv2d`'s. Tolerance that of
+    "depthwise" after "smm" (`TOLERANCE`)."""
+    _check_activation("expanded_depthwise_conv2d", activation)
+    _check_activation("expanded_depthwise_conv2d", expand_activation)
+    _require_float32("expanded_depthwise_conv2d", x=x, expand_w=expand_w, expand_b=expand_b, w=w, b=b)
+    _, y_nchwc = (layout == "NCHWc" for layout in _layouts("NCHW", y_layout))
+    config = dict(stride=tuple(int(v) for v in stride), padding=_padding(padding),
+                  dilation=tuple(int(d) for d in dilation))
+    reason = expanded_depthwise_support(jnp.shape(x), jnp.shape(expand_w), jnp.shape(w), **config,
+                                        dtype=jnp.result_type(x))
+    if reason is not None:
+        raise UnsupportedError(f"expanded_depthwise_conv2d: cannot run this pair of layers: {reason}")
+    channels = jnp.shape(expand_w)[0]
+    for name, bias in (("expand_b", expand_b), ("b", b)):
+        if bias is not None and jnp.shape(bias) != (channels,):
+            raise ConfigError(f"expanded_depthwise_conv2d: {name} must have shape ({channels},), got {jnp.shape(bias)}")
+    spec = _geometry_spec((jnp.shape(x)[0], channels, *jnp.shape(x)[2:]), jnp.shape(w), **config, groups=channels)
+    out = jax.ShapeDtypeStruct(nchwc_shape(spec.out_shape) if y_nchwc else spec.out_shape, jnp.float32)
+    (pt, pb), (pl, pr) = spec.padding
+    expand_attrs = _epilogue_attrs(expand_activation, expand_alpha, expand_beta, expand_clip)
+    attrs = dict(conv=np.array([*spec.stride, pt, pb, pl, pr, *spec.dilation, channels], np.int64),
+                 **_epilogue_attrs(activation, alpha, beta, clip),
+                 **{f"expand_{name}": value for name, value in expand_attrs.items()}, y_nchwc=np.int64(y_nchwc))
+    zeros = jnp.zeros(channels, jnp.float32)
+    expand_b, b = (zeros if v is None else v for v in (expand_b, b))
+
+    def kernel(x, expand_w, expand_b, w, b):
+        return _call("jtile_conv_expanded_depthwise", out, x, w, b, expand_w.reshape(channels, -1), expand_b,
+                     vmap_method="sequential", **attrs)
+
+    def reference(x, expand_w, expand_b, w, b):
+        e = conv2d_reference(x, expand_w, expand_b, activation=expand_activation, alpha=expand_alpha,
+                             beta=expand_beta, clip=expand_clip)
+        y = conv2d_reference(e, w, b, **config, groups=channels, activation=activation, alpha=alpha, beta=beta,
+                             clip=clip)
+        return to_nchwc(y) if y_nchwc else y
+
+    return _with_reference_vjp(kernel, reference)(x, expand_w, expand_b, w, b)
+
+
+def _describe_expanded_call(eqn):
+    """The depthwise conv of an expanded depthwise call, reading the expansion's output."""
+    layer = _describe_conv_call(eqn)
+    n, _, h, w = eqn.invars[0].aval.shape
+    channels = eqn.invars[3].aval.shape[0]
+    return dataclasses.replace(layer, in_shapes=((n, channels, h, w), *layer.in_shapes[1:]), in_channels=channels)
+
+
+def _expanded_call_macs(eqn):
+    """MACs of an expanded depthwise call: the 1x1 conv's with its bias and
+    activation, then the depthwise conv's with its own."""
+    from ._macs import epilogue
+
+    n, c, h, w = eqn.invars[0].aval.shape
+    layer = _describe_expanded_call(eqn)
+    expanded, outputs = n * layer.in_channels * h * w, math.prod(layer.out_shape)
+    attributes = dict(eqn.params["attributes"] or ())
+    return (Counter({"conv": expanded * c + outputs * math.prod(layer.kernel_size)})
+            + epilogue(eqn, 1, attributes.get("expand_activation"), expanded)
+            + epilogue(eqn, 1, attributes.get("activation"), outputs))
+
+
+_registry.register("ffi_call:jtile_conv_expanded_depthwise", describe=_describe_expanded_call,
+                   macs=_expanded_call_macs, weights=(1, 2, 3, 4), activations=(0,))
+
 # ----------------------------------------------------------------- end more
 
 # -------------------------------------------------------------------- dense

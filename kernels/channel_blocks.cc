@@ -34,14 +34,24 @@ struct Blocked {
 // NCHW, or with `nchwc` NCHWc, channel o0 + lane itself: depthwise).
 // Padding columns are zero already (never written); rows in the vertical
 // padding are zeroed here.
+// The input rows [y0, y1) a band of output rows [oy0, oy1) reads (clipped to
+// the image), with the band's rows outside them, in the vertical padding,
+// zeroed; returns the input row of the band's first buffer row.
+int64_t band_rows(const Blocked& p, int64_t oy0, int64_t oy1, float* buf, int64_t* y0, int64_t* y1) {
+  const ConvShape& s = p.s;
+  const int64_t rows = p.in_rows(oy1 - oy0), first = oy0 * s.sh - s.pt;  // input row of buffer row 0
+  *y0 = std::max<int64_t>(first, 0), *y1 = std::min(first + rows, s.h);
+  for (int64_t r = 0; r < rows; ++r)
+    if (first + r < *y0 || first + r >= *y1)
+      for (int64_t j = 0; j < p.cols; ++j) vstore(buf + (r * p.cols + j) * W, vzero());
+  return first;
+}
+
 void load_band(const Blocked& p, const float* x, int64_t o0, int64_t c, int64_t oy0, int64_t oy1, bool nchwc,
                float* buf) {
   const ConvShape& s = p.s;
-  const int64_t rows = p.in_rows(oy1 - oy0), first = oy0 * s.sh - s.pt;  // input row of buffer row 0
-  const int64_t y0 = std::max<int64_t>(first, 0), y1 = std::min(first + rows, s.h);
-  for (int64_t r = 0; r < rows; ++r)
-    if (first + r < y0 || first + r >= y1)
-      for (int64_t j = 0; j < p.cols; ++j) vstore(buf + (r * p.cols + j) * W, vzero());
+  int64_t y0, y1;
+  const int64_t first = band_rows(p, oy0, oy1, buf, &y0, &y1);
   if (y0 >= y1) return;
   if (nchwc) {  // x + ((o0 / W) * h + y) * w * W holds row y's vectors of the lanes' channels
     const int64_t count = std::min(s.w, p.cols - s.pl) * W;
@@ -69,6 +79,42 @@ void load_band(const Blocked& p, const float* x, int64_t o0, int64_t c, int64_t 
       if (++ix == s.w) ix = 0, ++y;
     }
   }
+}
+
+// P consecutive pixels of the expansion's output, act(sum_k wt[k] x[k] + bias)
+// for a block's W channels (wt: the block's weight, `channels` vectors), from
+// x at the first pixel (planes `plane` floats apart) into P vectors at dst.
+template <int P, typename Act>
+inline void expand_pixels(const float* x, int64_t plane, int64_t channels, const float* wt, V bias, Act act,
+                          float* dst) {
+  V acc[P];
+  for (int j = 0; j < P; ++j) acc[j] = vzero();
+  for (int64_t k = 0; k < channels; ++k, x += plane) {
+    const V wv = vload(wt + k * W);
+    for (int j = 0; j < P; ++j) acc[j] = vfma(vset1(x[j]), wv, acc[j]);
+  }
+  for (int j = 0; j < P; ++j) vstore(dst + j * W, act(vadd(acc[j], bias)));
+}
+
+// load_band's band computed by the expansion from its input x (one image,
+// NCHW): wt its weight for the block's W channels (`channels` vectors), bias
+// theirs. The padding stays zero: it pads the expansion's output.
+void expand_band(const Blocked& p, const float* x, const Expansion& e, const float* wt, V bias, int64_t oy0,
+                 int64_t oy1, float* buf) {
+  const ConvShape& s = p.s;
+  int64_t y0, y1;
+  const int64_t first = band_rows(p, oy0, oy1, buf, &y0, &y1);
+  const int64_t plane = s.h * s.w, last_col = std::min(s.w, p.cols - s.pl);  // columns past it are never read
+  e.ep.visit([&](auto act) {
+    for (int64_t y = y0; y < y1; ++y) {
+      const float* row = x + y * s.w;
+      float* dst = buf + ((y - first) * p.cols + s.pl) * W;
+      int64_t i = 0;
+      for (; i + 16 <= last_col; i += 16) expand_pixels<16>(row + i, plane, e.channels, wt, bias, act, dst + i * W);
+      for (; i + 4 <= last_col; i += 4) expand_pixels<4>(row + i, plane, e.channels, wt, bias, act, dst + i * W);
+      for (; i < last_col; ++i) expand_pixels<1>(row + i, plane, e.channels, wt, bias, act, dst + i * W);
+    }
+  });
 }
 
 // B output columns from the buffer position `in` (row oy * sh, column ox0 *
@@ -178,17 +224,29 @@ void store_nchwc(const float* out, int64_t owp, int64_t ow, int64_t oy0, int64_t
   });
 }
 
+// Lanes [0, lanes) of the W-vector rows t < count: rows[t * W + i] = m[(o0 + i) * count + t], the rest zero.
+void block_rows(const float* m, int64_t o0, int64_t lanes, int64_t count, float* rows) {
+  for (int64_t i = 0; i < W; ++i)
+    for (int64_t t = 0; t < count; ++t) rows[t * W + i] = i < lanes ? m[(o0 + i) * count + t] : 0.0f;
+}
+
+V block_vector(const float* v, int64_t o0, int64_t lanes) {
+  alignas(64) float lane[W] = {};
+  for (int64_t i = 0; i < lanes; ++i) lane[i] = v[o0 + i];
+  return vload(lane);
+}
+
 }  // namespace
 
 void conv_channel_blocks(ffi::ThreadPool& pool, const ConvShape& s, const float* xs, const float* ws,
                          const float* bias, const Epilogue& ep, const float* residual, float* ys,
-                         Layouts layouts) {
+                         Layouts layouts, const Expansion* expansion) {
   const Blocked p = make_blocked(s, workers(pool));
   const BandFn compute = pick(p);
   const int64_t taps = s.kh * s.kw, k = s.cg * taps;
   // Per worker: the input band (zeroed when first taken: its padding columns
-  // are never written), the output band, the block's weights.
-  Workspace scratch(pool, 3);
+  // are never written), the output band, the block's weights, its expansion weights.
+  Workspace scratch(pool, 4);
   std::vector<char> fresh(workers(pool), 1);
   parallel_for(pool, s.n * p.blocks * p.bands, [&](int64_t task, int worker) {
     const int64_t band = task % p.bands, block = task / p.bands % p.blocks, n = task / p.bands / p.blocks;
@@ -197,17 +255,20 @@ void conv_channel_blocks(ffi::ThreadPool& pool, const ConvShape& s, const float*
     float* wt = scratch.get(worker, 2, k * W);
     fresh[worker] = 0;
     const int64_t o0 = block * W, lanes = std::min<int64_t>(W, s.o - o0);
-    alignas(64) float bv[W] = {};
-    for (int64_t i = 0; i < W; ++i) {
-      if (i < lanes) bv[i] = bias[o0 + i];
-      for (int64_t t = 0; t < k; ++t) wt[t * W + i] = i < lanes ? ws[(o0 + i) * k + t] : 0.0f;
-    }
+    block_rows(ws, o0, lanes, k, wt);
     const int64_t oy0 = band * p.band, oy1 = std::min(s.oh, oy0 + p.band);
     // An NCHWc image holds its channels rounded up to whole blocks.
     const int64_t x_channels = layouts.x ? p.blocks * W : s.c, y_channels = layouts.y ? p.blocks * W : s.o;
-    for (int64_t c = 0; c < s.cg; ++c)
-      load_band(p, xs + n * x_channels * s.h * s.w, o0, c, oy0, oy1, layouts.x, in + c * p.chunk());
-    compute(p, in, wt, vload(bv), oy1 - oy0, out);
+    if (expansion != nullptr) {
+      float* we = scratch.get(worker, 3, expansion->channels * W);
+      block_rows(expansion->w, o0, lanes, expansion->channels, we);
+      expand_band(p, xs + n * expansion->channels * s.h * s.w, *expansion, we,
+                  block_vector(expansion->b, o0, lanes), oy0, oy1, in);
+    } else {
+      for (int64_t c = 0; c < s.cg; ++c)
+        load_band(p, xs + n * x_channels * s.h * s.w, o0, c, oy0, oy1, layouts.x, in + c * p.chunk());
+    }
+    compute(p, in, wt, block_vector(bias, o0, lanes), oy1 - oy0, out);
     const int64_t at = (n * y_channels + o0) * s.oh * s.ow;
     if (layouts.y)
       store_nchwc(out, p.owp, s.ow, oy0, oy1, ep, residual ? residual + at : nullptr, ys + at);

@@ -565,13 +565,13 @@ inline ffi::Error decode_fused_pool(ffi::Span<const int64_t> a, FusedPool* p) {
 // concatenation's buffer; see conv_output). With x_channels >= 0 the conv
 // reads the first x_channels channels of an x of one image that may hold more
 // (a concatenation's buffer that later parts extend).
-inline ffi::Error decode_conv(const F32Buffer& x, const int64_t (&weight)[4], const F32Buffer& b,
+inline ffi::Error decode_conv(ffi::Span<const int64_t> x_dims, const int64_t (&weight)[4], const F32Buffer& b,
                               ffi::Span<const int64_t> attr, F32Result& y, int64_t act,
                               float alpha, float lo, float hi, ConvShape* s, Epilogue* ep,
                               int64_t channel0 = -1, const FusedPool& pool = {}, int64_t x_channels = -1,
                               Layouts layouts = {}) {
   int64_t xd[4], yd[4];
-  if (!nchw_dims(x.dimensions(), layouts.x, xd) || !nchw_dims(y->dimensions(), layouts.y, yd) || attr.size() != 9)
+  if (!nchw_dims(x_dims, layouts.x, xd) || !nchw_dims(y->dimensions(), layouts.y, yd) || attr.size() != 9)
     return ffi::Error::InvalidArgument("jtile conv: expected x and y NCHW (or NCHWc where asked) and 9 conv attributes");
   // An NCHWc x holds C rounded up to whole blocks: C is what the weight reads.
   const int64_t c = x_channels >= 0 ? x_channels : layouts.x ? weight[1] * attr[8] : xd[1];
@@ -601,7 +601,7 @@ inline ffi::Error decode_conv(const F32Buffer& x, const F32Buffer& w, const F32B
   auto wd = w.dimensions();
   if (wd.size() != 4) return ffi::Error::InvalidArgument("jtile conv: expected an OIHW w");
   const int64_t weight[4] = {wd[0], wd[1], wd[2], wd[3]};
-  return decode_conv(x, weight, b, attr, y, act, alpha, lo, hi, s, ep, channel0, {}, -1, layouts);
+  return decode_conv(x.dimensions(), weight, b, attr, y, act, alpha, lo, hi, s, ep, channel0, {}, -1, layouts);
 }
 
 // Where the conv's own (N, O, OH, OW) output starts in y: y itself, or, in a
@@ -626,7 +626,8 @@ inline ffi::Error decode_packed_conv(const char* name, const F32Buffer& x, ffi::
     return ffi::Error::InvalidArgument(std::string("jtile ") + name +
                                        ": expected NCHW (or NCHWc) x, 9 conv attributes (groups >= 1) and [O, KH, KW]");
   const int64_t weight[4] = {kernel[0], (x_channels < 0 ? xd[1] : x_channels) / attr[8], kernel[1], kernel[2]};
-  return decode_conv(x, weight, b, attr, y, act, alpha, lo, hi, s, ep, channel0, pool, x_channels, layouts);
+  return decode_conv(x.dimensions(), weight, b, attr, y, act, alpha, lo, hi, s, ep, channel0, pool, x_channels,
+                     layouts);
 }
 
 }  // namespace jtile

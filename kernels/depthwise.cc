@@ -206,8 +206,48 @@ ffi::Error ConvDepthwise(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buff
   return ffi::Error::Success();
 }
 
+// The depthwise conv of act(we x + be), a 1x1 conv's output computed band by
+// band inside it (channel blocks with an Expansion): x (N, c, H, W) NCHW, we
+// (C, c), be (C,), w (C, 1, KH, KW). The 1x1 conv's activation comes as the
+// "expand_*" epilogue attributes.
+ffi::Error ConvExpandedDepthwise(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b,
+                                 ffi::Span<const int64_t> attr, int64_t act, float alpha, float lo, float hi,
+                                 F32Buffer we, F32Buffer be, int64_t expand_act, float expand_alpha,
+                                 float expand_lo, float expand_hi, int64_t y_nchwc, F32Result y) {
+  const auto xd = x.dimensions(), ed = we.dimensions(), wd = w.dimensions();
+  if (xd.size() != 4 || ed.size() != 2 || wd.size() != 4 || ed[1] != xd[1] || (int64_t)be.element_count() != ed[0])
+    return ffi::Error::InvalidArgument(
+        "jtile expanded depthwise: expected x (N, c, H, W), an expansion weight (C, c) and bias (C,)");
+  // The depthwise conv's geometry, as if x were the expansion's output.
+  const int64_t expanded[4] = {xd[0], ed[0], xd[2], xd[3]}, weight[4] = {wd[0], wd[1], wd[2], wd[3]};
+  ConvShape s;
+  Expansion e{we.typed_data(), be.typed_data(), xd[1], {}};
+  Epilogue ep;
+  const Layouts layouts{false, y_nchwc != 0};
+  if (auto err = decode_conv(ffi::Span<const int64_t>(expanded, 4), weight, b, attr, y, act, alpha, lo, hi, &s, &ep,
+                             -1, {}, -1, layouts);
+      err.failure())
+    return err;
+  if (auto err = make_epilogue(expand_act, expand_alpha, expand_lo, expand_hi, &e.ep); err.failure()) return err;
+  if (s.groups != s.c || s.cg != 1 || s.o != s.c)
+    return ffi::Error::InvalidArgument("jtile expanded depthwise: needs one output channel per input channel");
+  if (s.n * s.o * s.oh * s.ow == 0) return ffi::Error::Success();
+  conv_channel_blocks(pool, s, x.typed_data(), w.typed_data(), b.typed_data(), ep, nullptr, y->typed_data(),
+                      layouts, &e);
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace jtile
 
 JTILE_DEFINE_HANDLER(JtileConvDepthwise, jtile::ConvDepthwise,
                      JTILE_CONV_ARGS.Attr<int64_t>("x_nchwc").Attr<int64_t>("y_nchwc").Ret<jtile::F32Buffer>());
+JTILE_DEFINE_HANDLER(JtileConvExpandedDepthwise, jtile::ConvExpandedDepthwise,
+                     JTILE_CONV_ARGS.Arg<jtile::F32Buffer>()
+                         .Arg<jtile::F32Buffer>()
+                         .Attr<int64_t>("expand_activation")
+                         .Attr<float>("expand_alpha")
+                         .Attr<float>("expand_clip_lo")
+                         .Attr<float>("expand_clip_hi")
+                         .Attr<int64_t>("y_nchwc")
+                         .Ret<jtile::F32Buffer>());

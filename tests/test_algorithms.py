@@ -1004,6 +1004,50 @@ def test_gradients_flow_through_blocked_activations(getkey):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-3, atol=1e-3)
 
 
+# ------------------------------------------------ expansions computed by their depthwise conv
+
+
+@pytest.mark.parametrize("stride, blocked_out", [(1, 0), (2, 1)])
+def test_depthwise_convs_compute_the_expansion_that_feeds_them(getkey, tree_allclose, stride, blocked_out):
+    """An inverted residual at 28x28: the 1x1 expansion's call is gone, the
+    depthwise conv's call computes it from the block's input (MACs as the
+    layers'); at stride 2 its 14x14 output, read by the projection alone, goes
+    channel-blocked."""
+    p = _residual_params(getkey, 24, 6 * jtile.kernels.vector_lanes(), 32)
+    x = jax.random.normal(getkey(), (1, 24, 28, 28))
+    ref = lambda x: _inverted_residual(p, x, stride=stride)  # noqa: E731
+    f = _swapped_and_checked(ref, x, "auto", tree_allclose)
+    assert _targets(f, x) == ["jtile_conv_expanded_depthwise", "jtile_conv_smm"]
+    assert _blocked_values(f, x) == blocked_out
+    got, want = jtile.summary(f, x), jtile.summary(fuse(ref), x)
+    assert got.macs_by_category["conv"] == want.macs_by_category["conv"] > 0
+    grad = jax.grad(lambda x: jnp.sum(f(x) ** 2))(x)
+    np.testing.assert_allclose(np.asarray(grad), np.asarray(jax.grad(lambda x: jnp.sum(ref(x) ** 2))(x)),
+                               rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("case", ["expansion returned", "14x14", "expansion on XLA", "expansion padded",
+                                  "two per input channel"])
+def test_expansions_stay_separate_calls_where_fusing_cannot_run_or_does_not_pay(getkey, tree_allclose, case):
+    e = 4 * jtile.kernels.vector_lanes()
+    p = _residual_params(getkey, 16, e, 16)
+    x = jax.random.normal(getkey(), (1, 16, 14 if case == "14x14" else 28, 28 if case != "14x14" else 14))
+
+    def ref(x):
+        if case == "expansion padded":  # a 1x1 conv with padding is no expansion of the depthwise conv's input
+            t = jnp.clip(_conv(x, p["we"], padding=1) + p["be"][:, None, None], 0, 6)
+            return _conv(t, p["wd"], groups=e) + p["bd"][:, None, None]
+        if case == "two per input channel":  # groups = e / 2: two output channels per input channel
+            t = jnp.clip(_conv(x, p["we"][: e // 2], padding=0) + p["be"][: e // 2, None, None], 0, 6)
+            return _conv(t, p["wd"], groups=e // 2) + p["bd"][:, None, None]
+        return _inverted_residual(p, x, returns_expansion=case == "expansion returned")
+
+    algorithms = {"conv2d": ["default", "depthwise", "smm"]} if case == "expansion on XLA" else "auto"
+    f = _swapped_and_checked(ref, x, algorithms, tree_allclose)
+    assert "jtile_conv_expanded_depthwise" not in _targets(f, x)
+    assert "jtile_conv_depthwise" in _targets(f, x)
+
+
 # ------------------------------------------------ global average pools
 
 

@@ -273,16 +273,18 @@ def test_exported_pointwise_convs_take_the_ops_around_them(name, prologues, pool
 
 @pytest.mark.parametrize("name, blocked", [
     # every inverted residual but the first: its expansion's and its depthwise conv's outputs (the first
-    # block's depthwise output at 32x32 feeds a 1x1 conv, where blocking does not pay); the last
-    # projection's 320 channels, read only by the final 1x1 conv
-    ("mobilenet_v2", 2 * 16 + 1),
-    # every expansion (the depthwise conv's output feeds squeeze-excitation's pool, which is not a conv);
-    # the last projection
-    ("efficientnet_b0", 15 + 1),
+    # block's depthwise output at 32x32 feeds a 1x1 conv, where blocking does not pay), but the second
+    # block's expansion at 32x32, which its depthwise conv computes; the last projection's 320 channels,
+    # read only by the final 1x1 conv
+    ("mobilenet_v2", 2 * 16 - 1 + 1),
+    # every expansion but that at 32x32 (the depthwise conv's output feeds squeeze-excitation's pool,
+    # which is not a conv); the last projection
+    ("efficientnet_b0", 14 + 1),
 ])
 def test_exported_inverted_residuals_pass_channel_blocked_activations(name, blocked):
     """Activations that pass between kernel convs only stay NCHWc under
-    `swap_backend`, and the output still matches ONNX Runtime."""
+    `swap_backend`, the one expansion at 32x32 (from 64x64 images) runs inside
+    its depthwise conv's call, and the output still matches ONNX Runtime."""
     from jtile.algorithms import swap_backend
     from jtile.fusion import fold_params
 
@@ -291,4 +293,6 @@ def test_exported_inverted_residuals_pass_channel_blocked_activations(name, bloc
     swapped = swap_backend(fold_params(imported.fn, imported.params), algorithms="auto")
     calls = [e for e in iter_eqns(jax.make_jaxpr(swapped)(x.numpy()).jaxpr) if e.primitive.name == "ffi_call"]
     assert sum(e.outvars[0].aval.ndim == 5 for e in calls) == blocked
+    expanded = [e.invars[0].aval.shape for e in calls if e.params["target_name"] == "jtile_conv_expanded_depthwise"]
+    assert expanded == [(1, 16, 32, 32)]
     assert relative_error(jax.jit(swapped)(x.numpy()), onnxruntime_outputs(data, x.numpy())[0]) < RTOL
