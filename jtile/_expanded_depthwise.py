@@ -17,13 +17,5 @@ def find_expansions(graph: Graph, fuses) -> dict[int, object]:
     """`{id(depthwise conv eqn): 1x1 conv eqn}` over the top-level convs whose
     input is a conv's output read by nothing else; `fuses(expansion_eqn,
     conv_eqn)` says whether both are swapped and one call can run the pair."""
-    found = {}
-    for op in graph.ops:
-        if op.kind != "conv2d":
-            continue
-        value = op.ins[0]
-        producer = value.producer
-        if (producer is not None and value.consumers == [op] and not value.is_output
-                and fuses(producer.eqn, op.eqn)):
-            found[id(op.eqn)] = producer.eqn
-    return found
+    return {id(conv.eqn): expansion.eqn for expansion, conv in graph.sole_readers("conv2d")
+            if fuses(expansion.eqn, conv.eqn)}

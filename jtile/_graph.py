@@ -40,6 +40,7 @@ average-pool divisor) are *const*.
 import dataclasses
 import math
 from collections import Counter
+from collections.abc import Iterator
 
 import jax
 import jax.extend.core as jcore
@@ -388,6 +389,16 @@ class Graph:
                 out[id(op.eqn)] = dataclasses.replace(layer, index=counts[layer.kind])
                 counts[layer.kind] += 1
         return out
+
+    def sole_readers(self, kind: str) -> Iterator[tuple[Op, Op]]:
+        """`(producer, op)` over the top-level ops of `kind` whose first input is
+        another op's output that nothing else reads and the function does not
+        return: pairs one kernel call may run together."""
+        for op in self.ops:
+            value = op.ins[0] if op.kind == kind and op.ins else None
+            if value is not None and value.producer is not None and value.consumers == [op] \
+                    and not value.is_output:
+                yield value.producer, op
 
     def producers(self) -> dict:
         """`{jaxpr var: the equation that produces it}` over every body too."""

@@ -18,13 +18,5 @@ def find_pooled_convs(graph: Graph, fuses) -> dict[int, object]:
     """`{id(conv eqn): pool eqn}` over the top-level NCHW max pools whose input
     is a conv's output read by nothing else; `fuses(conv_eqn, pool_eqn)` says
     whether both are swapped and the conv's kernel can pool this layer."""
-    pooled = {}
-    for op in graph.ops:
-        if op.kind != "maxpool2d" or pool_axes(op.eqn) != (2, 3):
-            continue
-        value = op.ins[0]
-        producer = value.producer
-        if (producer is not None and value.consumers == [op] and not value.is_output
-                and fuses(producer.eqn, op.eqn)):
-            pooled[id(producer.eqn)] = op.eqn
-    return pooled
+    return {id(conv.eqn): pool.eqn for conv, pool in graph.sole_readers("maxpool2d")
+            if pool_axes(pool.eqn) == (2, 3) and fuses(conv.eqn, pool.eqn)}
