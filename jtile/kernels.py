@@ -1476,7 +1476,8 @@ __all__ = [
     "register_conv_algorithm", "conv2d_reference", "conv2d_support", "conv2d", "conv2d_writes_into",
     "conv2d_reads_prefix", "gemm_tile",
     "smm_pixel_rows", "pack_gemm_weight", "to_nchwc", "from_nchwc", "nchwc_shape",
-    "conv2d_nchwc_support", "vector_lanes", "dense_reference", "GEMV_ROWS", "dense",
+    "conv2d_nchwc_support", "expanded_depthwise_support", "expanded_depthwise_conv2d", "vector_lanes",
+    "dense_reference", "GEMV_ROWS", "dense",
     "matmul_reference", "matmul",
     "max_pool2d_reference", "avg_pool2d_reference", "global_avg_pool2d_reference", "max_pool2d",
     "avg_pool2d", "global_avg_pool2d", "resize2d_reference", "resize2d", "LIBRARY_PATH"
