@@ -136,14 +136,12 @@ def expands(expansion, conv, algorithm: str) -> bool:
     at 56x56 then stride 1 221 against 254."""
     if algorithm != "depthwise" or math.prod(expansion.outvars[0].aval.shape[2:]) < 28 * 28:
         return False
-    for eqn in (expansion, conv):
-        g = ConvGeometry.of(eqn)
-        if (g.lhs_spec, g.out_spec) != ((0, 1, 2, 3),) * 2 or not _fused_epilogue(eqn, out_axis=1) \
-                or len(eqn.invars) > 3 or any(d != 1 for d in g.lhs_dilation):
-            return False
     e, g = ConvGeometry.of(expansion), ConvGeometry.of(conv)
-    if e.window != (1, 1) or e.stride != (1, 1) or e.groups != 1 or any(lo or hi for lo, hi in e.padding):
+    if not _pointwise(expansion) or e.groups != 1 or g.lhs_spec != (0, 1, 2, 3) or g.out_spec != (0, 1, 2, 3) \
+            or any(d != 1 for d in g.lhs_dilation):
         return False
+    if not all(_fused_epilogue(eqn, out_axis=1) and len(eqn.invars) <= 3 for eqn in (expansion, conv)):
+        return False  # (a fourth operand is a residual)
     return _kernels().expanded_depthwise_support(e.in_shape, e.w_shape, g.w_shape, g.stride, g.padding,
                                                  g.dilation) is None
 
@@ -238,10 +236,7 @@ def linear_pointwise(conv) -> bool:
     """Whether the conv equation `conv` is a 1x1, stride-1, unpadded NCHW conv
     whose output is linear in its input per pixel (a per-channel bias at most,
     no activation or residual), so that it commutes with an average pool."""
-    g = ConvGeometry.of(conv)
-    if (g.lhs_spec, g.out_spec) != ((0, 1, 2, 3),) * 2 or g.window != (1, 1) or g.stride != (1, 1):
-        return False
-    if any(lo or hi for lo, hi in g.padding) or any(d != 1 for d in (*g.dilation, *g.lhs_dilation)):
+    if not _pointwise(conv):
         return False
     return conv.primitive.name == "conv_general_dilated" or (
         conv.params["activation"] == () and len(conv.invars) == 3 and _fused_epilogue(conv, out_axis=1))
@@ -279,6 +274,13 @@ def _single_pixel_run(eqn, x, w, *epilogue_operands, producers):
         return _restore(y.reshape(*y.shape, 1, 1), out_spec)
 
     return _with_epilogue(eqn, dense, epilogue_operands, out_axis=out_spec[1])
+
+
+def _pointwise(conv) -> bool:
+    """Whether the conv equation `conv` is a 1x1, stride-1, unpadded, undilated NCHW conv."""
+    g = ConvGeometry.of(conv)
+    return ((g.lhs_spec, g.out_spec) == ((0, 1, 2, 3),) * 2 and g.window == (1, 1) and g.stride == (1, 1)
+            and not any(lo or hi for lo, hi in g.padding) and all(d == 1 for d in (*g.dilation, *g.lhs_dilation)))
 
 
 def _with_epilogue(eqn, kernel, operands, out_axis: int):

@@ -321,6 +321,10 @@ def _rules(plan: _Plan) -> dict:
         if id(eqn) not in plan.swaps:
             out = bind(eqn, *invals)
             return out if eqn.primitive.multiple_results else out[0]
+        if id(eqn) in plan.expansions:  # (no other fusion takes it: see _plan's `expands`)
+            layout = {"y_layout": "NCHWc"} if id(eqn) in plan.blocked.writers else {}
+            return kinds.run_expanded(eqn, plan.expansions[id(eqn)], expansion_operands.pop(id(eqn)), *invals,
+                                      **layout)
         run = plan.swaps[id(eqn)].run
         if id(eqn) in plan.pools_first:  # the pool's sum and division, dropped, pass this output on
             return run(eqn, _average(plan, plan.pools_first[id(eqn)], invals[0]), *invals[1:], producers=plan.producers)
@@ -332,10 +336,6 @@ def _rules(plan: _Plan) -> dict:
             run = functools.partial(run, x_layout="NCHWc")
         if id(eqn) in plan.blocked.writers:
             run = functools.partial(run, y_layout="NCHWc")
-        if id(eqn) in plan.expansions:
-            layout = {"y_layout": "NCHWc"} if id(eqn) in plan.blocked.writers else {}
-            return kinds.run_expanded(eqn, plan.expansions[id(eqn)], expansion_operands.pop(id(eqn)), *invals,
-                                      **layout)
         if id(eqn) in plan.pooled:  # the pool's equation, dropped, passes this output on
             return run(eqn, *invals, producers=plan.producers, max_pool=plan.pooled[id(eqn)])
         if id(eqn) not in plan.parts:

@@ -86,13 +86,6 @@ inline void store_blocked(const float* out, int64_t owp, int lanes, int64_t oh, 
   });
 }
 
-// The conv of x by OIHW weights ws, any groups, computed on vectors of W
-// consecutive output channels (kernels/channel_blocks.cc), with the bias,
-// the residual (laid out as y, or null) and the activation. x and y are NCHW,
-// or NCHWc where `layouts` says so (then with one group per channel, C == O):
-// such a band is copied in and stored out as it is, without transposes, its
-// padding lanes too (zero weights and bias there). With an `expansion` (one
-// group per channel, NCHW x), bands are computed from x by it instead.
 // A 1x1 conv (stride 1, unpadded, one group) whose output is the input of a
 // channel-blocked conv, computed band by band inside it: x then holds the 1x1
 // conv's input, `channels` of them, NCHW, and each band is act(w x + b) for
@@ -105,6 +98,13 @@ struct Expansion {
   Epilogue ep;
 };
 
+// The conv of x by OIHW weights ws, any groups, computed on vectors of W
+// consecutive output channels (kernels/channel_blocks.cc), with the bias,
+// the residual (laid out as y, or null) and the activation. x and y are NCHW,
+// or NCHWc where `layouts` says so (then with one group per channel, C == O):
+// such a band is copied in and stored out as it is, without transposes, its
+// padding lanes too (zero weights and bias there). With an `expansion` (one
+// group per channel, NCHW x), bands are computed from x by it instead.
 void conv_channel_blocks(ffi::ThreadPool& pool, const ConvShape& s, const float* xs, const float* ws,
                          const float* bias, const Epilogue& ep, const float* residual, float* ys,
                          Layouts layouts = {}, const Expansion* expansion = nullptr);

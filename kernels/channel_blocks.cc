@@ -28,12 +28,6 @@ struct Blocked {
   int64_t out_floats() const { return band * owp * W; }
 };
 
-// The input rows output rows [oy0, oy1) read, for output channels [o0, o0 +
-// W), as buf[(r * cols + j) * W + lane] = padded input row oy0 * sh - pt + r,
-// column j, of input channel c of the group of output channel o0 + lane (x
-// NCHW, or with `nchwc` NCHWc, channel o0 + lane itself: depthwise).
-// Padding columns are zero already (never written); rows in the vertical
-// padding are zeroed here.
 // The input rows [y0, y1) a band of output rows [oy0, oy1) reads (clipped to
 // the image), with the band's rows outside them, in the vertical padding,
 // zeroed; returns the input row of the band's first buffer row.
@@ -47,6 +41,12 @@ int64_t band_rows(const Blocked& p, int64_t oy0, int64_t oy1, float* buf, int64_
   return first;
 }
 
+// The input rows output rows [oy0, oy1) read, for output channels [o0, o0 +
+// W), as buf[(r * cols + j) * W + lane] = padded input row oy0 * sh - pt + r,
+// column j, of input channel c of the group of output channel o0 + lane (x
+// NCHW, or with `nchwc` NCHWc, channel o0 + lane itself: depthwise).
+// Padding columns are zero already (never written); rows in the vertical
+// padding are zeroed here.
 void load_band(const Blocked& p, const float* x, int64_t o0, int64_t c, int64_t oy0, int64_t oy1, bool nchwc,
                float* buf) {
   const ConvShape& s = p.s;

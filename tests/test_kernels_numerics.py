@@ -379,7 +379,8 @@ def run_for_determinism(which: str) -> dict[str, np.ndarray]:
 def _pinned_runs(which: str, tmp_path) -> list[dict[str, np.ndarray]]:
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
-        pytest.skip("needs two CPUs to compare a 1-thread pool with a 2-thread one")
+        pytest.skip(f"compares a 1-thread pool with a 2-thread one, so needs two CPUs in this process's "
+                    f"affinity mask; it has {len(cpus)}")
     runs = []
     for pinned in ({cpus[0]}, set(cpus[:2])):
         path = str(tmp_path / f"{which}_{len(pinned)}.npz")
