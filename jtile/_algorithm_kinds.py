@@ -376,14 +376,34 @@ def _conv_preference(eqn, layer: Layer) -> tuple[str, ...]:
     if layer.groups > 1:
         return ("grouped", "smm")
     out_spec = eqn.params["dimension_numbers"][2]
+    out_side = min(layer.out_shape[d] for d in out_spec[2:])
+    direct = ("grouped",) if _direct_beats_gemm(layer) else ()
     if (
         layer.kernel_size == (3, 3)
         and layer.stride == (1, 1)
         and min(layer.in_channels, layer.out_channels) >= 16
-        and min(layer.out_shape[d] for d in out_spec[2:]) >= 12
+        and out_side >= 12
     ):
-        return ("winograd", "smm")
-    return ("smm",)
+        few_outputs = layer.out_channels <= 32 and out_side <= 28
+        return (*direct, "winograd", "smm") if few_outputs else ("winograd", *direct, "smm")
+    return (*direct, "smm")
+
+
+def _direct_beats_gemm(layer: Layer) -> bool:
+    """A conv of one group with a window over at least 16 input channels and
+    at most 1.5 MB of weights, where `grouped` (vectors of output channels,
+    each tap a broadcast input, no im2col) beats `smm`. Measured on a Zen 5
+    at batch 1: 1.05-1.5x on 3x3 stride 2 (64 and 128 channels at 112x112 and
+    56x56, 192 and 256 at 28x28), 5x5 (AlexNet's 64->192 at 27x27: 0.91
+    against 1.14 ms) and DenseNet's 128->32 3x3 (16 against 23 us at 7x7);
+    also ahead of Winograd with 32 outputs at 28x28 and below (128->32: 151
+    against 188 us at 28x28, 44 against 79 at 14x14), where Winograd's
+    transforms outweigh its few output channels, but behind it at 56x56 and
+    with more outputs. With more weights (256->256 and up, 2.4 MB) `smm` won
+    (0.89-0.95x at 7x7 and 14x14 outputs, 512->512 at 7x7 0.82x), and at
+    stride 1 over the image's 3 channels (0.88x)."""
+    weights = layer.in_channels * layer.out_channels * math.prod(layer.kernel_size)
+    return layer.kernel_size != (1, 1) and layer.in_channels >= 16 and 4 * weights <= 1.5 * 2**20
 
 
 def _is_image_stem(layer: Layer) -> bool:
@@ -392,16 +412,16 @@ def _is_image_stem(layer: Layer) -> bool:
     broadcast input, no im2col) beats `smm`: measured 1.16-1.29x on 3->16 3x3
     stride 2 (MobileNetV3), 3->64 7x7 stride 2 (ResNet, GoogLeNet, DenseNet),
     3->64 11x11 stride 4 (AlexNet) and 3->768 16x16 stride 16 (ViT's patches),
-    1.03-1.06x on 3->32 3x3 stride 2; but 0.96x on 3->64 3x3 stride 2
-    (SqueezeNet), where smm's 7-row tiles waste little and its 3x3 im2col is
-    cheap, and 0.92x at stride 1."""
+    1.03-1.06x on 3->32 3x3 stride 2 (1.4x on a Zen 5); on 3->64 3x3 stride 2
+    (SqueezeNet) 0.96x on a Zen 4 but faster on a Zen 5, where it also pools
+    its output in the same call (conv and max pool: 173 us in one call, 223
+    in two, against 242 on `smm`); but 0.88-0.92x at stride 1."""
     kernels = _kernels()
     if layer.groups != 1 or layer.in_channels > 4 or min(layer.stride) < 2:
         return False
     if kernels.kernel_unavailable("jtile_conv_grouped") is not None:
         return False
-    whole_vectors = layer.out_channels % kernels.vector_lanes() == 0
-    return whole_vectors and (layer.out_channels <= 32 or math.prod(layer.kernel_size) >= 49)
+    return layer.out_channels % kernels.vector_lanes() == 0
 
 
 def _auto_conv(eqn, layer: Layer, producers) -> str:

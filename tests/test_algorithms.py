@@ -121,8 +121,8 @@ def test_unknown_names_list_the_valid_ones(convnet):
 
 
 def test_auto_swaps_where_a_kernel_wins_and_keeps_xla_elsewhere(getkey, tree_allclose):
-    x = jax.random.normal(getkey(), (1, 32, 24, 24))
-    shapes = [(32, 32, 3, 3), (32, 1, 3, 3), (32, 32, 3, 3), (32, 32, 3, 3)]
+    x = jax.random.normal(getkey(), (1, 64, 24, 24))
+    shapes = [(64, 64, 3, 3), (64, 1, 3, 3), (64, 64, 3, 3), (64, 64, 3, 3)]
     weights = [jax.random.normal(getkey(), s) * 0.1 for s in shapes]
 
     def dilated(y, w):
@@ -130,8 +130,8 @@ def test_auto_swaps_where_a_kernel_wins_and_keeps_xla_elsewhere(getkey, tree_all
 
     def net(x, w):
         y = _conv(x, w[0])  # 3x3 stride 1, 24x24 out: winograd
-        y = _conv(y, w[1], groups=32)  # depthwise
-        small = _conv(y, w[2], stride=2)  # strided 3x3: im2col + GEMM
+        y = _conv(y, w[1], groups=64)  # depthwise
+        small = _conv(y, w[2], stride=2)  # strided 3x3: vectors of output channels
         # dilated: XLA over 24x24 outputs (as fast as the kernels there), im2col + GEMM over 12x12
         return dilated(y, w[3]), dilated(small, w[3])
 
@@ -140,7 +140,7 @@ def test_auto_swaps_where_a_kernel_wins_and_keeps_xla_elsewhere(getkey, tree_all
     assert tree_allclose(swapped(x, weights), net(x, weights), rtol=RTOL, atol=ATOL)
     jaxpr = str(jax.make_jaxpr(swapped)(x, weights))
     assert jaxpr.count("ffi_call") == 4 and jaxpr.count("conv_general_dilated") == 1
-    for kernel in ("winograd", "depthwise", "smm"):
+    for kernel in ("winograd", "depthwise", "grouped", "smm"):
         assert f"jtile_conv_{kernel}" in jaxpr
     swap_conv2d(net, selector=lambda layer: chosen.append(layer.index) or "auto")(x, weights)
     assert chosen == [0, 1, 2, 3, 4]
@@ -165,7 +165,7 @@ def test_auto_takes_the_grouped_kernel_for_grouped_convs(getkey, tree_allclose, 
     (16, 3, 2, "grouped"),  # MobileNetV3's stem
     (64, 7, 2, "grouped"),  # ResNet's
     (64, 11, 4, "grouped"),  # AlexNet's
-    (64, 3, 2, "smm"),  # SqueezeNet's: smm's tiles waste little there
+    (64, 3, 2, "grouped"),  # SqueezeNet's
     (24, 3, 2, "smm"),  # ShuffleNetV2's: not whole vectors
     (16, 3, 1, "smm"),  # not strided
 ])
@@ -178,10 +178,33 @@ def test_auto_runs_image_stems_on_vectors_of_output_channels(getkey, tree_allclo
 
     swapped = swap_backend(stem, algorithms="auto")
     lanes = jtile.kernels.vector_lanes()  # the targets are for AVX-512's 16; AVX2's 8 makes 24 whole vectors
-    whole = out % lanes == 0 and stride >= 2 and (out <= 32 or kernel * kernel >= 49)
+    whole = out % lanes == 0 and stride >= 2
     expected = target if lanes == 16 else ("grouped" if whole else "smm")
     assert f"jtile_conv_{expected}" in str(jax.make_jaxpr(swapped)(x, w))
     assert tree_allclose(jax.jit(swapped)(x, w), stem(x, w), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("channels, out, kernel, stride, side, target", [
+    (128, 128, 3, 2, 28, "grouped"),  # ResNet's strided 3x3 with few weights
+    (256, 256, 3, 2, 14, "smm"),  # 2.4 MB of weights
+    (64, 192, 5, 1, 27, "grouped"),  # AlexNet's 5x5
+    (128, 32, 3, 1, 14, "grouped"),  # DenseNet's 3x3: few outputs, Winograd's transforms outweigh them
+    (128, 32, 3, 1, 56, "winograd"),  # ... but not at 56x56
+    (64, 64, 3, 1, 28, "winograd"),
+    (3, 64, 3, 1, 28, "smm"),  # the image's 3 channels at stride 1
+    (64, 64, 1, 1, 28, "smm"),  # 1x1
+])
+def test_auto_takes_vectors_of_output_channels_for_convs_with_few_weights(getkey, tree_allclose, channels, out,
+                                                                           kernel, stride, side, target):
+    x = jax.random.normal(getkey(), (1, channels, side, side))
+    w = jax.random.normal(getkey(), (out, channels, kernel, kernel)) * 0.1
+
+    def layer(x, w):
+        return jax.nn.relu(_conv(x, w, stride=stride, padding=kernel // 2))
+
+    swapped = swap_backend(layer, algorithms="auto")
+    assert f"jtile_conv_{target}" in str(jax.make_jaxpr(swapped)(x, w))
+    assert tree_allclose(jax.jit(swapped)(x, w), layer(x, w), rtol=RTOL, atol=ATOL)
 
 
 @pytest.mark.parametrize("rows, swapped", [(1, True), (8, True), (256, True), (257, False)])
@@ -355,14 +378,15 @@ def test_folded_weights_are_packed_once_at_trace_time(getkey, tree_allclose):
     w = jax.random.normal(getkey(), (40, 16, 3, 3)) * 0.1
     x = jax.random.normal(getkey(), (1, 16, 9, 9))
     net = lambda w, x: jax.nn.relu(_conv(x, w, stride=2))  # noqa: E731
-    folded = swap_backend(fold_params(net, w), algorithms="auto")
+    folded = swap_backend(fold_params(net, w), algorithms={"conv2d": "smm"})
     closed = jax.make_jaxpr(folded)(x)
     assert {e.primitive.name for e in iter_eqns(closed.jaxpr)} == {"custom_vjp_call", "ffi_call"}
     mr, nr = kernels.gemm_tile()
     # 5x5 outputs: pixels are the GEMM rows, channels packed nr a strip (the raw
     # weight stays a constant too, for the backward pass's reference)
     assert (1, -(-40 // nr), 16 * 9, nr) in [c.shape for c in closed.consts]
-    traced = {e.primitive.name for e in iter_eqns(jax.make_jaxpr(swap_backend(net, algorithms="auto"))(w, x).jaxpr)}
+    traced = {e.primitive.name
+              for e in iter_eqns(jax.make_jaxpr(swap_backend(net, algorithms={"conv2d": "smm"}))(w, x).jaxpr)}
     assert {"pad", "transpose"} <= traced
     assert tree_allclose(jax.jit(folded)(x), net(w, x), rtol=RTOL, atol=ATOL)
 
