@@ -377,33 +377,41 @@ def _conv_preference(eqn, layer: Layer) -> tuple[str, ...]:
         return ("grouped", "smm")
     out_spec = eqn.params["dimension_numbers"][2]
     out_side = min(layer.out_shape[d] for d in out_spec[2:])
-    direct = ("grouped",) if _direct_beats_gemm(layer) else ()
-    if (
+    direct = ("grouped",) if _direct_beats_gemm(layer, out_side) else ()
+    winograd = (
         layer.kernel_size == (3, 3)
         and layer.stride == (1, 1)
         and min(layer.in_channels, layer.out_channels) >= 16
         and out_side >= 12
-    ):
-        few_outputs = layer.out_channels <= 32 and out_side <= 28
-        return (*direct, "winograd", "smm") if few_outputs else ("winograd", *direct, "smm")
-    return (*direct, "smm")
+        # under 28x28 outputs, at most 2 MB of weights transformed to 4x4 tiles (see _direct_beats_gemm)
+        and (out_side >= 28 or 64 * layer.in_channels * layer.out_channels <= 2 * 2**20)
+    )
+    if not winograd:
+        return (*direct, "smm")
+    few_outputs = layer.out_channels <= 32 and out_side <= 28
+    return (*direct, "winograd", "smm") if few_outputs else ("winograd", *direct, "smm")
 
 
-def _direct_beats_gemm(layer: Layer) -> bool:
+def _direct_beats_gemm(layer: Layer, out_side: int) -> bool:
     """A conv of one group with a window over at least 16 input channels and
-    at most 1.5 MB of weights, where `grouped` (vectors of output channels,
-    each tap a broadcast input, no im2col) beats `smm`. Measured on a Zen 5
-    at batch 1: 1.05-1.5x on 3x3 stride 2 (64 and 128 channels at 112x112 and
-    56x56, 192 and 256 at 28x28), 5x5 (AlexNet's 64->192 at 27x27: 0.91
-    against 1.14 ms) and DenseNet's 128->32 3x3 (16 against 23 us at 7x7);
-    also ahead of Winograd with 32 outputs at 28x28 and below (128->32: 151
-    against 188 us at 28x28, 44 against 79 at 14x14), where Winograd's
-    transforms outweigh its few output channels, but behind it at 56x56 and
-    with more outputs. With more weights (256->256 and up, 2.4 MB) `smm` won
-    (0.89-0.95x at 7x7 and 14x14 outputs, 512->512 at 7x7 0.82x), and at
-    stride 1 over the image's 3 channels (0.88x)."""
+    at most 3 MB of weights (0.5 MB under 12x12 outputs), where `grouped`
+    (vectors of output channels, each tap a broadcast input, no im2col) beats
+    `smm`. Measured on a Zen 5 at batch 1, alone: 1.05-1.5x on 3x3 stride 2
+    (64 and 128 channels at 112x112 and 56x56, 192 and 256 at 28x28), 5x5
+    (AlexNet's 64->192 at 27x27: 0.91 against 1.14 ms) and DenseNet's 128->32
+    3x3 (16 against 23 us at 7x7); ahead of Winograd with 32 outputs at 28x28
+    and below (128->32: 151 against 188 us at 28x28, 44 against 79 at 14x14),
+    where Winograd's transforms outweigh its few output channels, but behind
+    it at 56x56 and with more outputs. Inside models (`call_times`, both rule
+    sets in one process), where a layer's weights come from memory: ResNet's
+    256->256 3x3 at 14x14 569-575 us against Winograd's 692-715 (its weights,
+    transformed, are 4 MB), AlexNet's 192->384 at 13x13 625 against 776. With
+    more weights `smm` won: ResNet's 512->512 at 7x7 (9 MB) 630 against 766,
+    and GoogLeNet's 160->320 at 7x7 (1.8 MB) 129 against 153; so did stride 1
+    over the image's 3 channels (0.88x)."""
     weights = layer.in_channels * layer.out_channels * math.prod(layer.kernel_size)
-    return layer.kernel_size != (1, 1) and layer.in_channels >= 16 and 4 * weights <= 1.5 * 2**20
+    return (layer.kernel_size != (1, 1) and layer.in_channels >= 16 and 4 * weights <= 3 * 2**20
+            and (out_side >= 12 or 4 * weights <= 2**19))
 
 
 def _is_image_stem(layer: Layer) -> bool:

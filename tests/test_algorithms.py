@@ -186,7 +186,10 @@ def test_auto_runs_image_stems_on_vectors_of_output_channels(getkey, tree_allclo
 
 @pytest.mark.parametrize("channels, out, kernel, stride, side, target", [
     (128, 128, 3, 2, 28, "grouped"),  # ResNet's strided 3x3 with few weights
-    (256, 256, 3, 2, 14, "smm"),  # 2.4 MB of weights
+    (256, 256, 3, 1, 14, "grouped"),  # 2.4 MB of weights, 4 MB as Winograd's: from memory in a model
+    (256, 256, 3, 2, 14, "smm"),  # 2.4 MB of weights over 7x7 outputs
+    (192, 384, 3, 1, 28, "winograd"),  # 4.5 MB of weights as Winograd's, but 28x28 outputs
+    (384, 256, 3, 1, 13, "smm"),  # AlexNet's: 3.4 MB of weights
     (64, 192, 5, 1, 27, "grouped"),  # AlexNet's 5x5
     (128, 32, 3, 1, 14, "grouped"),  # DenseNet's 3x3: few outputs, Winograd's transforms outweigh them
     (128, 32, 3, 1, 56, "winograd"),  # ... but not at 56x56
