@@ -87,6 +87,56 @@ void pool_rows(ffi::ThreadPool& pool, const PoolShape& p, const float* x, float 
   });
 }
 
+// A stride-1 window padded to keep the plane's size (GoogLeNet's 3x3 max
+// pools with padding 1), with the plane as one flat run of h * w values, so
+// that a 14x14 plane costs 13 full vectors a pass instead of 14 partial rows
+// (measured 5x faster on 512 planes of 14x14). The horizontal pass reads each
+// column tap at a flat offset and masks, per lane, taps that fall off the
+// lane's row (`inside`, the same for every plane); the vertical pass reads
+// the horizontal maxima `kh` rows apart, between rows of `init` for the
+// padding. `combine` as for pool_rows.
+bool same_size_stride1(const PoolShape& p) {
+  return p.sh == 1 && p.sw == 1 && p.oh == p.h && p.ow == p.w && !p.whole_plane;
+}
+
+template <typename Combine>
+void pool_flat_planes(ffi::ThreadPool& pool, const PoolShape& p, const float* x, float* out, float init,
+                      Combine combine) {
+  const int64_t size = p.h * p.w, padded = ceil_div(size, W) * W;
+  const int64_t margin = ceil_div(std::max(p.pl, p.kw - 1 - p.pl), W) * W;
+  const int64_t above = p.pt * p.w, below = (p.kh - 1 - p.pt) * p.w;
+  std::vector<float> inside(p.kw * padded, 0.0f);  // 1 where column tap kx of position i is on i's row
+  for (int64_t kx = 0; kx < p.kw; ++kx)
+    for (int64_t i = 0; i < size; ++i) {
+      const int64_t col = i % p.w + kx - p.pl;
+      inside[kx * padded + i] = col >= 0 && col < p.w ? 1.0f : 0.0f;
+    }
+  const int64_t per_task = std::max<int64_t>(1, p.planes / (8 * int64_t(workers(pool))));
+  parallel_for(pool, ceil_div(p.planes, per_task), [&](int64_t task) {
+    std::vector<float> flat(margin + padded + margin, init), rows(above + padded + below + W, init);
+    const V none = vset1(init), half = vset1(0.5f);
+    for (int64_t plane = task * per_task; plane < std::min(p.planes, (task + 1) * per_task); ++plane) {
+      std::memcpy(flat.data() + margin, x + plane * size, size * sizeof(float));
+      float* h = rows.data() + above;
+      for (int64_t i = 0; i < padded; i += W) {
+        V v = none;
+        for (int64_t kx = 0; kx < p.kw; ++kx)
+          v = combine(v, vselect_lt(vload(inside.data() + kx * padded + i), half, none,
+                                    vload(flat.data() + margin + i + kx - p.pl)));
+        vstore(h + i, v);
+      }
+      std::fill(h + size, h + padded, init);  // the last vector's lanes past the plane
+      float* y = out + plane * size;
+      for (int64_t i = 0; i < size; i += W) {
+        V v = vload(rows.data() + i);
+        for (int64_t ky = 1; ky < p.kh; ++ky) v = combine(v, vload(rows.data() + i + ky * p.w));
+        if (i + W <= size) vstore(y + i, v);
+        else vstore_partial(y + i, v, int(size - i));
+      }
+    }
+  });
+}
+
 // out[plane] = finish(reduction of the plane's `size` values by `combine`,
 // lanes first, then across the lanes in order): global pooling, and a window
 // that is the whole plane (a 7x7 average over a 7x7 map), where sweeping rows
@@ -131,6 +181,10 @@ ffi::Error MaxPool(ffi::ThreadPool pool, F32Buffer x, ffi::Span<const int64_t> a
   constexpr float lowest = -std::numeric_limits<float>::infinity();
   if (p.whole_plane) {
     reduce_planes(pool, p.planes, p.h * p.w, x.typed_data(), out, lowest, combine, [](float m) { return m; });
+    return ffi::Error::Success();
+  }
+  if (same_size_stride1(p)) {
+    pool_flat_planes(pool, p, x.typed_data(), out, lowest, combine);
     return ffi::Error::Success();
   }
   pool_rows(pool, p, x.typed_data(), lowest, combine,

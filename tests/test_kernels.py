@@ -361,6 +361,28 @@ def test_pools_match_reference(case, include_pad, seed):
 
 
 
+def _same_size_pool_case(draw):
+    window = (draw(st.integers(1, 5)), draw(st.integers(1, 5)))
+    before = [draw(st.integers(0, k - 1)) for k in window]
+    padding = tuple((b, k - 1 - b) for b, k in zip(before, window))
+    shape = (draw(st.integers(1, 2)), draw(st.integers(1, 40)), draw(st.integers(1, 20)), draw(st.integers(1, 20)))
+    return shape, window, padding
+
+
+@settings(max_examples=25, deadline=None)
+@given(case=st.composite(_same_size_pool_case)(), seed=st.integers(0, 2**16))
+def test_same_size_stride_1_max_pools_match_reference(case, seed):
+    """GoogLeNet's 3x3 pools with padding 1, and every other stride-1 window
+    padded to keep the plane's size, run over each plane as one flat run:
+    taps off a lane's row, padding and partial last vectors, NaN and Inf."""
+    shape, window, padding = case
+    rng = np.random.default_rng(seed)
+    x = _normal(rng, shape)
+    x.reshape(-1)[rng.integers(0, x.size, 3)] = [np.nan, np.inf, -np.inf]
+    got = kernels.max_pool2d(x, window, (1, 1), padding)
+    np.testing.assert_array_equal(got, kernels.max_pool2d_reference(x, window, (1, 1), padding))
+
+
 @pytest.mark.parametrize("shape, window, stride, padding", [
     ((1, 5, 37, 45), (3, 3), (2, 2), ((1, 1), (1, 1))),    # rows of several vectors, stride 2
     ((2, 3, 33, 50), (2, 5), (3, 1), ((0, 2), (2, 0))),    # stride 3, padding on one side only
