@@ -383,8 +383,8 @@ def _conv_preference(eqn, layer: Layer) -> tuple[str, ...]:
         and layer.stride == (1, 1)
         and min(layer.in_channels, layer.out_channels) >= 16
         and out_side >= 12
-        # under 28x28 outputs, at most 2 MB of weights transformed to 4x4 tiles (see _direct_beats_gemm)
-        and (out_side >= 28 or 64 * layer.in_channels * layer.out_channels <= 2 * 2**20)
+        # with AVX-512, under 28x28 outputs, at most 2 MB of weights as 4x4 tiles (see _direct_beats_gemm)
+        and (out_side >= 28 or 64 * layer.in_channels * layer.out_channels <= 2 * 2**20 or not _wide_vectors())
     )
     if not winograd:
         return (*direct, "smm")
@@ -408,10 +408,18 @@ def _direct_beats_gemm(layer: Layer, out_side: int) -> bool:
     transformed, are 4 MB), AlexNet's 192->384 at 13x13 625 against 776. With
     more weights `smm` won: ResNet's 512->512 at 7x7 (9 MB) 630 against 766,
     and GoogLeNet's 160->320 at 7x7 (1.8 MB) 129 against 153; so did stride 1
-    over the image's 3 channels (0.88x)."""
+    over the image's 3 channels (0.88x). With AVX2's 8 lanes `grouped` lost to
+    `smm` (0.75-0.84x on the 128->128 stride-2, 5x5 and 256->256 layers above)
+    and Winograd kept its lead at 14x14 (256->256: 0.98 against 1.48 ms), so
+    these rules hold for AVX-512 builds only."""
     weights = layer.in_channels * layer.out_channels * math.prod(layer.kernel_size)
-    return (layer.kernel_size != (1, 1) and layer.in_channels >= 16 and 4 * weights <= 3 * 2**20
-            and (out_side >= 12 or 4 * weights <= 2**19))
+    return (_wide_vectors() and layer.kernel_size != (1, 1) and layer.in_channels >= 16
+            and 4 * weights <= 3 * 2**20 and (out_side >= 12 or 4 * weights <= 2**19))
+
+
+def _wide_vectors() -> bool:
+    """Whether the kernels were built for AVX-512 (16 lanes), where the rules above were measured."""
+    return _kernels().vector_lanes() >= 16
 
 
 def _is_image_stem(layer: Layer) -> bool:
@@ -423,13 +431,16 @@ def _is_image_stem(layer: Layer) -> bool:
     1.03-1.06x on 3->32 3x3 stride 2 (1.4x on a Zen 5); on 3->64 3x3 stride 2
     (SqueezeNet) 0.96x on a Zen 4 but faster on a Zen 5, where it also pools
     its output in the same call (conv and max pool: 173 us in one call, 223
-    in two, against 242 on `smm`); but 0.88-0.92x at stride 1."""
+    in two, against 242 on `smm`); but 0.88-0.92x at stride 1. With AVX2 (8
+    lanes) only stems of up to 32 outputs or 49 taps or more (SqueezeNet's
+    0.90x there)."""
     kernels = _kernels()
     if layer.groups != 1 or layer.in_channels > 4 or min(layer.stride) < 2:
         return False
     if kernels.kernel_unavailable("jtile_conv_grouped") is not None:
         return False
-    return layer.out_channels % kernels.vector_lanes() == 0
+    few = layer.out_channels <= 32 or math.prod(layer.kernel_size) >= 49
+    return layer.out_channels % kernels.vector_lanes() == 0 and (few or _wide_vectors())
 
 
 def _auto_conv(eqn, layer: Layer, producers) -> str:
