@@ -418,8 +418,9 @@ def _direct_beats_gemm(layer: Layer, out_side: int) -> bool:
 
 
 def _wide_vectors() -> bool:
-    """Whether the kernels were built for AVX-512 (16 lanes), where the rules above were measured."""
-    return _kernels().vector_lanes() >= 16
+    """Whether the kernels are built, for AVX-512 (16 lanes), where the rules above were measured."""
+    kernels = _kernels()
+    return kernels.kernel_unavailable("jtile_conv_grouped") is None and kernels.vector_lanes() >= 16
 
 
 def _is_image_stem(layer: Layer) -> bool:
