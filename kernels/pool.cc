@@ -30,6 +30,16 @@ ffi::Error decode_pool(const F32Buffer& x, ffi::Span<const int64_t> a, F32Result
   return ffi::Error::Success();
 }
 
+// fn(first, last) on the workers of parallel_for for runs of planes, about
+// 8 a worker, so that small planes (7x7 at 832 channels) do not cost a task
+// each.
+template <typename F>
+void plane_runs(ffi::ThreadPool& pool, int64_t planes, F&& fn) {
+  const int64_t per_task = std::max<int64_t>(1, planes / (8 * int64_t(workers(pool))));
+  parallel_for(pool, ceil_div(planes, per_task),
+               [&](int64_t task) { fn(task * per_task, std::min(planes, (task + 1) * per_task)); });
+}
+
 // For each output row of each plane: acc[ox] = reduce over the window taps
 // inside the input, starting from `init`; then finish(acc, plane, oy). The
 // window's input rows are first combined into a row buffer (contiguous
@@ -37,22 +47,18 @@ ffi::Error decode_pool(const F32Buffer& x, ffi::Span<const int64_t> a, F32Result
 // end; each output vector then reads it once per column tap, W outputs at a
 // time at the window's stride (stride 2: two loads and a permute), with no
 // partial vectors or bounds checks. `combine` takes (float, float) and (V, V).
-// Tasks take runs of planes, so that small planes (7x7 at 832 channels) do
-// not cost a task each.
 template <typename Combine, typename Finish>
 void pool_rows(ffi::ThreadPool& pool, const PoolShape& p, const float* x, float init,
                Combine combine, Finish finish) {
-  const int64_t workers = std::max<int64_t>(1, pool.num_threads());
-  const int64_t per_task = std::max<int64_t>(1, p.planes / (8 * workers));
   const int64_t vectors = ceil_div(p.ow, W);
   // The last output vector reads up to (vectors * W - 1) * sw + kw - 1 (one more at stride 2).
   const int64_t length = std::max(vectors * W * p.sw + p.kw, p.pl + p.w) + W;
-  parallel_for(pool, ceil_div(p.planes, per_task), [&](int64_t task) {
+  plane_runs(pool, p.planes, [&](int64_t first, int64_t last) {
     std::vector<float> buffer(vectors * W), padded(length, init);
     std::vector<const float*> src(p.kh);  // the window's rows inside the input
     float* acc = buffer.data();
     float* row = padded.data() + p.pl;
-    for (int64_t plane = task * per_task; plane < std::min(p.planes, (task + 1) * per_task); ++plane) {
+    for (int64_t plane = first; plane < last; ++plane) {
       const float* in = x + plane * p.h * p.w;
       for (int64_t oy = 0; oy < p.oh; ++oy) {
         // The window's rows inside the input, combined in one pass.
@@ -111,11 +117,10 @@ void pool_flat_planes(ffi::ThreadPool& pool, const PoolShape& p, const float* x,
       const int64_t col = i % p.w + kx - p.pl;
       inside[kx * padded + i] = col >= 0 && col < p.w ? 1.0f : 0.0f;
     }
-  const int64_t per_task = std::max<int64_t>(1, p.planes / (8 * int64_t(workers(pool))));
-  parallel_for(pool, ceil_div(p.planes, per_task), [&](int64_t task) {
+  plane_runs(pool, p.planes, [&](int64_t first, int64_t last) {
     std::vector<float> flat(margin + padded + margin, init), rows(above + padded + below + W, init);
     const V none = vset1(init), half = vset1(0.5f);
-    for (int64_t plane = task * per_task; plane < std::min(p.planes, (task + 1) * per_task); ++plane) {
+    for (int64_t plane = first; plane < last; ++plane) {
       std::memcpy(flat.data() + margin, x + plane * size, size * sizeof(float));
       float* h = rows.data() + above;
       for (int64_t i = 0; i < padded; i += W) {
