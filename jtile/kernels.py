@@ -20,7 +20,9 @@ reference's gradients. Layouts: NCHW activations, OIHW conv weights
 `transpose_w=True`; `matmul` takes any `dot_general` of two float32 arrays
 and reads each operand in place when its batch, free and contracting axes are
 contiguous runs (a head split or transpose feeding attention's products is
-not copied). Threads come from XLA's intra-op pool.
+not copied). Threads: the caller's and one helper per further thread of XLA's
+intra-op pool (`jtile-crew-N`, kernels/crew.cc), which polls for the next
+kernel call for 2 ms after each and then sleeps.
 
 Numerics, measured against a float64 reference (unit-normal inputs, weights
 scaled by 1/sqrt(fan-in); error = max |y - y64| / max |y64|;

@@ -1,6 +1,7 @@
 // Shared helpers for the jtile FFI kernels: SIMD vectors, parallel-for on
-// XLA's intra-op thread pool, fused epilogues (bias + activation), and the
-// conv attribute decoding every conv algorithm shares.
+// jtile's crew (as many threads as XLA's intra-op pool), fused epilogues
+// (bias + activation), and the conv attribute decoding every conv algorithm
+// shares.
 //
 // The vector width is chosen at build time: AVX-512 (16 lanes), AVX2+FMA
 // (8 lanes), or a portable 8-lane struct the compiler vectorises as it can.
@@ -189,14 +190,14 @@ inline float vfirst(V x) { return x.v[0]; }
 
 // ---------------------------------------------------------------------------
 // parallel_for(pool, n, fn): call fn(i) (or fn(i, worker)) for i in [0, n) on
-// the calling thread (worker 0) and up to pool.num_threads() - 1 pool tasks
-// (workers 1, 2, ...; the pool has a thread per core and the calling thread
-// computes too, so no core is oversubscribed). No two calls with the same
+// the calling thread (worker 0) and up to pool.num_threads() - 1 helpers
+// (workers 1, 2, ...: the threads of jtile's crew, kernels/crew.cc, one per
+// core beside the caller's, as XLA's pool has). No two calls with the same
 // worker run at once, so a worker may own buffers (see Workspace). Indices are
-// claimed from a shared counter, so the result is correct whether the pool
-// runs tasks concurrently, later, or inline inside Schedule. The caller waits
-// only for indices that were claimed; a task that starts after all work is
-// done touches nothing but the shared counters it co-owns.
+// claimed from a shared counter, so the result is correct whether a helper
+// joins at once, late, or never. The caller waits only for indices that were
+// claimed; a helper that starts after all work is done touches nothing but
+// the shared counters it co-owns.
 
 inline int workers(ffi::ThreadPool& pool) { return (int)std::max<int64_t>(1, pool.num_threads()); }
 
@@ -222,6 +223,9 @@ struct ForState {
     }
   }
 };
+
+// Has crew member i (1..helpers) drain `state` as worker i (kernels/crew.cc).
+void crew_offer(const std::shared_ptr<ForState>& state, int helpers);
 }  // namespace detail
 
 template <typename F>
@@ -242,7 +246,7 @@ void parallel_for(ffi::ThreadPool& pool, int64_t n, F&& fn) {
   state->parties = helpers + 1;
   state->fn = &invoke;
   state->call = [](void* f, int64_t i, int worker) { (*static_cast<Invoke*>(f))(i, worker); };
-  for (int t = 1; t <= helpers; ++t) pool.Schedule([state, t] { state->drain(t); });
+  detail::crew_offer(state, helpers);
   state->drain(0);
   while (state->done.load(std::memory_order_acquire) < n) std::this_thread::yield();
 }

@@ -8,8 +8,8 @@ float64 reference, and the same bits for any thread count.
 - Accuracy: each kernel's error on representative layers stays within the
   bound `jtile.kernels.TOLERANCE` documents.
 - Determinism: the kernels run in subprocesses pinned to one CPU and to two
-  (XLA sizes its intra-op pool, the pool the kernels use, by the CPU
-  affinity); the outputs must be bit-identical.
+  (XLA sizes its intra-op pool by the CPU affinity, and the kernels take as
+  many threads as it has); the outputs must be bit-identical.
 """
 
 import json

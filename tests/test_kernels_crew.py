@@ -1,0 +1,89 @@
+"""The kernels' helper threads (kernels/crew.cc): one per core beside the caller,
+started once, asleep soon after the last call, and right under concurrent callers."""
+
+import os
+import sys
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+from jax import lax
+
+from jtile import kernels
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/task")
+
+RNG = np.random.default_rng(0)
+W1 = RNG.standard_normal((32, 16, 3, 3), dtype=np.float32)
+W2 = RNG.standard_normal((16, 32, 3, 3), dtype=np.float32)
+SAME = ((1, 1), (1, 1))
+
+
+def _crew_threads() -> int:
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:  # a thread that ended while listed
+            pass
+    return sum(name.startswith("jtile-crew") for name in names)
+
+
+@jax.jit
+def _layers(x):
+    y = kernels.conv2d(x, W1, algorithm="smm", padding=SAME, activation="relu")
+    y = kernels.conv2d(y, W2, algorithm="winograd", padding=SAME)
+    return kernels.max_pool2d(y, window=(3, 3), stride=(2, 2), padding=((0, 0), (0, 0)))
+
+
+def _reference(x):
+    y = jax.nn.relu(lax.conv_general_dilated(x, W1, (1, 1), SAME))
+    y = lax.conv_general_dilated(y, W2, (1, 1), SAME)
+    return lax.reduce_window(y, -np.inf, lax.max, (1, 1, 3, 3), (1, 1, 2, 2), "VALID")
+
+
+def test_concurrent_callers_each_get_their_own_result():
+    inputs = [RNG.standard_normal((2, 16, 40, 40), dtype=np.float32) for _ in range(6)]
+    alone = [np.asarray(_layers(x)) for x in inputs]
+    for x, y in zip(inputs, alone):
+        np.testing.assert_allclose(y, np.asarray(_reference(x)), rtol=2e-4, atol=2e-3)
+    got = [[] for _ in inputs]
+
+    def call(i):
+        for _ in range(15):
+            got[i].append(np.asarray(_layers(inputs[i])))
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(inputs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, results in enumerate(got):
+        assert len(results) == 15
+        for y in results:
+            np.testing.assert_array_equal(y, alone[i])
+
+
+def test_one_helper_per_extra_core_started_once():
+    x = RNG.standard_normal((1, 16, 40, 40), dtype=np.float32)
+    for _ in range(50):
+        _layers(x).block_until_ready()
+    cores = len(os.sched_getaffinity(0))
+    assert _crew_threads() == cores - 1
+    for _ in range(50):
+        _layers(x).block_until_ready()
+    assert _crew_threads() == cores - 1
+
+
+def test_helpers_stop_using_the_cpu_soon_after_the_last_call():
+    x = RNG.standard_normal((1, 16, 40, 40), dtype=np.float32)
+    for _ in range(20):
+        _layers(x).block_until_ready()
+    time.sleep(0.05)  # past the helpers' 2 ms of polling
+    cpu, wall = time.process_time(), time.perf_counter()
+    time.sleep(0.2)
+    used = (time.process_time() - cpu) / (time.perf_counter() - wall)
+    assert used < 0.2, f"the process kept {used:.0%} of a core busy while idle"
