@@ -547,14 +547,22 @@ def _before_transpose(producers, var, x, contract, batch):
 
 
 def _auto_matmul(eqn, layer: Layer, producers) -> str:
-    """XLA: on the products measured the kernel did not reliably win. ViT-B/16's
-    attention at batch 1 (12 heads, in the model's own head-split layout),
-    interleaved best-of-60 on 2 shared cores, several runs: `Q @ K^T` (197x64
-    by 64x197) 0.51-0.54 against XLA's 0.39-0.43 ms; `P @ V` (197x197 by
-    197x64) 0.21-0.47 against 0.25-0.33 ms (the kernel won only in some runs);
-    larger products too: 2 x 512^3 2.6-2.7 against 2.1-2.3 ms, 12 x 256^3 level
-    (2.2 ms both). The kernel stays available by name (`"gemm"`)."""
-    return "default"
+    """The kernel for products of at most `_MATMUL_MAX_MACS` multiply-adds per
+    batch element (attention's), else XLA. Measured alone on the Zen 5 with the
+    kernels' polling helpers, best of 200 interleaved: ViT-B/16's `Q @ K^T`
+    (12 heads, 197x64 by 64x197, in the head-split layout) 246 against XLA's
+    357 us, `P @ V` 212 against 278; 8 x 128x64x128 60 against 84, 4 x
+    49x32x49 9 against 18. Past the limit XLA wins: 12 x 256^3 922 against
+    893, 2 x 512^3 1173 against 1063, 1024^3 4571 against 4218."""
+    (a_contract, _), (a_batch, _) = eqn.params["dimension_numbers"]
+    a, c = layer.in_shapes
+    k = math.prod(a[d] for d in a_contract)
+    batch = max(math.prod(a[d] for d in a_batch), 1)
+    macs = math.prod(a) // batch * (math.prod(c) // batch) // max(k, 1)
+    return "gemm" if macs <= _MATMUL_MAX_MACS and _matmul_support(eqn, layer) is None else "default"
+
+
+_MATMUL_MAX_MACS = 1 << 22
 
 
 # ---------------------------------------------------------------- pooling

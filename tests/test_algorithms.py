@@ -537,11 +537,24 @@ def test_attention_gradients_through_the_kernels(attention, tree_allclose):
     assert tree_allclose(got, jax.grad(loss(_attention), argnums=(0, 1))(params, x), rtol=1e-3, atol=1e-4)
 
 
-def test_auto_keeps_xla_for_matmuls_and_long_dense_inputs(attention, getkey):
+def test_auto_takes_the_kernel_for_attention_sized_products_only(attention, getkey):
     params, x = attention
-    assert _targets(swap_backend(_attention, algorithms="auto"), params, x) == ["jtile_dense"] * 2
+    assert sorted(_targets(swap_backend(_attention, algorithms="auto"), params, x)) == (
+        ["jtile_dense"] * 2 + ["jtile_matmul"] * 2)
     long = jax.random.normal(getkey(), (1, 257, HEADS * WIDTH))  # 257 rows: past the GEMM row limit
-    assert _targets(swap_backend(_attention, algorithms="auto"), params, long.transpose(1, 0, 2)) == []
+    assert _targets(swap_backend(_attention, algorithms="auto"), params, long.transpose(1, 0, 2)) == [
+        "jtile_matmul"] * 2
+
+    def product(a, c):
+        return lax.dot_general(a, c, (((2,), (1,)), ((0,), (0,))))
+
+    def spec(*shape):
+        return jax.ShapeDtypeStruct(shape, jnp.float32)
+
+    auto = swap_backend(product, algorithms="auto")
+    assert _targets(auto, spec(12, 256, 64), spec(12, 64, 256)) == ["jtile_matmul"]  # 2^22 per head
+    assert _targets(auto, spec(12, 256, 64), spec(12, 64, 257)) == []  # one column more
+    assert _targets(auto, spec(2, 512, 512), spec(2, 512, 512)) == []
 
 
 def test_explicit_matmul_on_an_unsupported_product_names_the_layer(getkey):
