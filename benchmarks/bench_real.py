@@ -32,9 +32,14 @@ one, default 2).
 
 The untimed calls are there because every engine's first call after another
 engine ran is slow: caches hold the other engine's data and its worker threads
-are still spinning or asleep. One squeezenet1_1 run, best of 10 rounds, ms:
-with no warm call jtile 8.0, ORT 5.4, OpenVINO 7.1, torch 22.5; with two
-5.1, 3.6, 6.7, 18.0; each engine alone 5.0, 3.6, 3.9, 17.8. Rounds stay
+are asleep. One squeezenet1_1 run, best of 10 rounds, ms: with no warm call
+jtile 8.0, ORT 5.4, OpenVINO 7.1, torch 22.5; with two 5.1, 3.6, 6.7, 18.0;
+each engine alone 5.0, 3.6, 3.9, 17.8. Between turns `settle` waits until no
+thread of the process uses the CPU: ONNX Runtime's workers keep spinning for
+about 30 ms after each run (a whole core; OpenVINO's for about 1 ms), and the
+engine that ran next shared its two cores with them. On squeezenet1_1,
+OpenVINO, which runs after ONNX Runtime, took 2.45 ms (best of 40) without
+the wait and 1.70 with it; ONNX Runtime itself 1.58 and 1.57. Rounds stay
 interleaved, so a drift in the machine's state reaches every engine alike.
 
 !!! warning
@@ -243,12 +248,25 @@ def _runners(case: RealCase, path: Path) -> tuple[dict, dict[str, str]]:
     return runners, missing
 
 
+def settle(step: float = 0.005, limit: float = 0.25) -> None:
+    """Wait until the process's threads leave the CPU idle for `step` seconds
+    (at most `limit` seconds): a peer's spinning workers must not run beside
+    the next engine's turn."""
+    end = time.perf_counter() + limit
+    while time.perf_counter() < end:
+        cpu = time.process_time()
+        time.sleep(step)
+        if time.process_time() - cpu < 0.1 * step:
+            return
+
+
 def interleaved(runners: dict, rounds: int, warm: int = 0) -> dict[str, dict[str, float]]:
-    """Time every runner once per round, in turn, each after `warm` untimed
-    calls; `{engine: {"min": s, "median": s}}`."""
+    """Time every runner once per round, in turn, each after `settle` and
+    `warm` untimed calls; `{engine: {"min": s, "median": s}}`."""
     times = {name: [] for name in runners}
     for _ in range(rounds):
         for name, run in runners.items():
+            settle()
             for _ in range(warm):
                 run()
             start = time.perf_counter()
