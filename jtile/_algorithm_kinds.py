@@ -388,8 +388,8 @@ def _conv_preference(eqn, layer: Layer) -> tuple[str, ...]:
     )
     if not winograd:
         return (*direct, "smm")
-    few_outputs = layer.out_channels <= 32 and out_side <= 28
-    return (*direct, "winograd", "smm") if few_outputs else ("winograd", *direct, "smm")
+    direct_first = (layer.out_channels <= 32 and out_side <= 28) or out_side <= 16
+    return (*direct, "winograd", "smm") if direct_first else ("winograd", *direct, "smm")
 
 
 def _direct_beats_gemm(layer: Layer, out_side: int) -> bool:
@@ -401,8 +401,13 @@ def _direct_beats_gemm(layer: Layer, out_side: int) -> bool:
     (AlexNet's 64->192 at 27x27: 0.91 against 1.14 ms) and DenseNet's 128->32
     3x3 (16 against 23 us at 7x7); ahead of Winograd with 32 outputs at 28x28
     and below (128->32: 151 against 188 us at 28x28, 44 against 79 at 14x14),
-    where Winograd's transforms outweigh its few output channels, but behind
-    it at 56x56 and with more outputs. Inside models (`call_times`, both rule
+    where Winograd's transforms outweigh its few output channels, and ahead of
+    it at 16x16 and below, where a 4x4 output tile is mostly edge (inside
+    models, both rule sets in one process: SqueezeNet's 48->192 at 13x13 84
+    against 132 us, 64->256 140 against 193; GoogLeNet's 14x14 layers,
+    112->224 247 against 271, 128->256 291 against 368, 96->208 205 against
+    228), but behind it at 27x27 (SqueezeNet's 32->128: 137 against 132) and
+    above and with more outputs. Inside models (`call_times`, both rule
     sets in one process), where a layer's weights come from memory: ResNet's
     256->256 3x3 at 14x14 569-575 us against Winograd's 692-715 (its weights,
     transformed, are 4 MB), AlexNet's 192->384 at 13x13 625 against 776. With

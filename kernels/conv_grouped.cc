@@ -37,7 +37,8 @@ namespace {
 struct Grouped {
   ConvShape s;
   int64_t blocks;   // blocks of W output channels per group
-  int nv;           // blocks per task (2 when a group has a multiple of 2W channels)
+  int nv;           // blocks per task: 2 where a group has two or more (its last task may take 1)
+  int64_t units;    // tasks' worth of blocks per group
   int b;            // output columns per register block
   int64_t owp;      // output row length rounded up to b
   int64_t cols;     // padded input columns per buffer row
@@ -64,14 +65,15 @@ Grouped make_grouped(const ConvShape& s, const FusedPool& pool, int threads) {
   p.ph = pool.out_h(s.oh);
   p.pw = pool.out_w(s.ow);
   p.blocks = ceil_div(s.og(), W);
-  p.nv = s.og() % (2 * W) == 0 ? 2 : 1;
+  p.nv = p.blocks >= 2 ? 2 : 1;
+  p.units = ceil_div(p.blocks, p.nv);
   p.b = register_block(s.ow);
   p.owp = ceil_div(s.ow, p.b) * p.b;
   p.cols = std::max((p.owp - 1) * s.sw + (s.kw - 1) * s.dw + 1, s.pl + s.w);
   // Bands: enough tasks to balance the workers, input rows that stay in L2
   // (about 128 KB), at least 4 output rows a band where the plane allows.
   const int64_t by_size = std::max<int64_t>(1, (int64_t(32) << 10) / (s.cg * p.cols * s.sh));
-  const int64_t by_tasks = ceil_div(s.oh * s.n * s.groups * p.blocks / p.nv, 4 * int64_t(threads));
+  const int64_t by_tasks = ceil_div(s.oh * s.n * s.groups * p.units, 4 * int64_t(threads));
   p.band = std::clamp<int64_t>(std::min(by_size, std::max<int64_t>(by_tasks, 4)), 1, s.oh);
   p.rows = p.band;
   if (pool.active()) {  // as many pooled rows as fit in about that many conv rows
@@ -202,11 +204,11 @@ ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer
                         has_residual ? res.typed_data() : nullptr, conv_output(s, y, channel0));
     return ffi::Error::Success();
   }
-  const RowsFn compute = p.nv == 2 ? pick_b<2>(p.b) : pick_b<1>(p.b);
+  const RowsFn compute_pair = pick_b<2>(p.b), compute_one = pick_b<1>(p.b);
   const float *xs = x.typed_data(), *ws = w.typed_data(), *bias = b.typed_data();
   const float* rs = has_residual ? res.typed_data() : nullptr;
   float* ys = conv_output(s, y, channel0);
-  const int64_t plane = p.ph * p.pw, units = p.blocks / p.nv, half = p.band * p.owp * W;
+  const int64_t plane = p.ph * p.pw, units = p.units, half = p.band * p.owp * W;
   Workspace scratch(pool, 3);  // per worker: the input rows, the output band, the pooled band
   parallel_for(pool, s.n * s.groups * units * p.bands, [&](int64_t task, int worker) {
     const int64_t band = task % p.bands, unit = task / p.bands % units;
@@ -216,16 +218,17 @@ ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer
     const int64_t in_rows = p.in_rows(oy1 - oy0);
     float* in = scratch.get(worker, 0, s.cg * p.in_rows(p.band) * p.cols);
     float* out = scratch.get(worker, 1, p.nv * half);
+    const int nv = (int)std::min<int64_t>(p.nv, p.blocks - unit * p.nv);
     V bv[2];
-    for (int v = 0; v < p.nv; ++v) {
+    for (int v = 0; v < nv; ++v) {
       const int64_t block = unit * p.nv + v, lanes = std::min<int64_t>(W, s.og() - block * W);
       alignas(64) float lane_bias[W] = {};
       for (int64_t i = 0; i < lanes; ++i) lane_bias[i] = bias[g * s.og() + block * W + i];
       bv[v] = vload(lane_bias);
     }
     load_rows(p, xs + (n * s.c + g * s.cg) * s.h * s.w, oy0, oy1, in);
-    compute(p, in, in_rows, ws + (g * p.blocks + unit * p.nv) * taps * W, bv, oy1 - oy0, out);
-    for (int v = 0; v < p.nv; ++v) {
+    (nv == 2 ? compute_pair : compute_one)(p, in, in_rows, ws + (g * p.blocks + unit * p.nv) * taps * W, bv, oy1 - oy0, out);
+    for (int v = 0; v < nv; ++v) {
       const int64_t block = unit * p.nv + v, o0 = g * s.og() + block * W, at = (n * s.o + o0) * plane;
       const int lanes = (int)std::min<int64_t>(W, s.og() - block * W);
       if (!p.pool.active()) {

@@ -195,6 +195,10 @@ def test_auto_runs_image_stems_on_vectors_of_output_channels(getkey, tree_allclo
     # DenseNet's 3x3: few outputs, Winograd's transforms outweigh them
     (128, 32, 3, 1, 14, "grouped", "winograd"),
     (128, 32, 3, 1, 56, "winograd", "winograd"),  # ... but not at 56x56
+    # at 16x16 and below a 4x4 Winograd tile is mostly edge (SqueezeNet's, GoogLeNet's)
+    (48, 192, 3, 1, 13, "grouped", "winograd"),
+    (96, 208, 3, 1, 14, "grouped", "winograd"),  # 13 vectors of outputs: pairs and a single
+    (32, 128, 3, 1, 27, "winograd", "winograd"),  # ... but not at 27x27
     (64, 64, 3, 1, 28, "winograd", "winograd"),
     (3, 64, 3, 1, 28, "smm", "smm"),  # the image's 3 channels at stride 1
     (64, 64, 1, 1, 28, "smm", "smm"),  # 1x1

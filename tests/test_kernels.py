@@ -142,7 +142,8 @@ def test_gemm_tiles_are_named_wide_and_tall():
 @pytest.mark.parametrize("algorithm", ["direct", "smm", "grouped"])
 def test_conv2d_large_blocks_match_reference(algorithm):
     # 40 channels x 3x3 = 360 taps (two GEMM K blocks), 300 output channels
-    # (several M chunks), 45x47 pixels (several N blocks and ragged tiles).
+    # (several M chunks; grouped: 9 pairs of vectors and a ragged single),
+    # 45x47 pixels (several N blocks and ragged tiles).
     rng = np.random.default_rng(1)
     x, w, b = _normal(rng, (1, 40, 45, 47)), _normal(rng, (300, 40, 3, 3)), _normal(rng, 300)
     kw = dict(padding=((1, 0), (2, 1)), activation="relu")
