@@ -377,13 +377,14 @@ def _conv_preference(eqn, layer: Layer) -> tuple[str, ...]:
         return ("grouped", "smm")
     out_spec = eqn.params["dimension_numbers"][2]
     out_side = min(layer.out_shape[d] for d in out_spec[2:])
-    direct = ("grouped",) if _direct_beats_gemm(layer, out_side) else ()
+    direct = ("grouped",) if _direct_beats_gemm(layer) else ()
     winograd = (
         layer.kernel_size == (3, 3)
         and layer.stride == (1, 1)
         and min(layer.in_channels, layer.out_channels) >= 16
         and out_side >= 12
-        # with AVX-512, under 28x28 outputs, at most 2 MB of weights as 4x4 tiles (see _direct_beats_gemm)
+        # with AVX-512, under 28x28 outputs, at most 2 MB of weights as 4x4 tiles: inside ResNet-50, its
+        # 256->256 at 14x14 (4 MB so) took 692-715 us against grouped's 569-575
         and (out_side >= 28 or 64 * layer.in_channels * layer.out_channels <= 2 * 2**20 or not _wide_vectors())
     )
     if not winograd:
@@ -392,34 +393,32 @@ def _conv_preference(eqn, layer: Layer) -> tuple[str, ...]:
     return (*direct, "winograd", "smm") if direct_first else ("winograd", *direct, "smm")
 
 
-def _direct_beats_gemm(layer: Layer, out_side: int) -> bool:
-    """A conv of one group with a window over at least 16 input channels and
-    at most 3 MB of weights (0.5 MB under 12x12 outputs), where `grouped`
-    (vectors of output channels, each tap a broadcast input, no im2col) beats
-    `smm`. Measured on a Zen 5 at batch 1, alone: 1.05-1.5x on 3x3 stride 2
-    (64 and 128 channels at 112x112 and 56x56, 192 and 256 at 28x28), 5x5
-    (AlexNet's 64->192 at 27x27: 0.91 against 1.14 ms) and DenseNet's 128->32
-    3x3 (16 against 23 us at 7x7); ahead of Winograd with 32 outputs at 28x28
-    and below (128->32: 151 against 188 us at 28x28, 44 against 79 at 14x14),
-    where Winograd's transforms outweigh its few output channels, and ahead of
-    it at 16x16 and below, where a 4x4 output tile is mostly edge (inside
-    models, both rule sets in one process: SqueezeNet's 48->192 at 13x13 84
-    against 132 us, 64->256 140 against 193; GoogLeNet's 14x14 layers,
-    112->224 247 against 271, 128->256 291 against 368, 96->208 205 against
-    228), but behind it at 27x27 (SqueezeNet's 32->128: 137 against 132) and
-    above and with more outputs. Inside models (`call_times`, both rule
-    sets in one process), where a layer's weights come from memory: ResNet's
-    256->256 3x3 at 14x14 569-575 us against Winograd's 692-715 (its weights,
-    transformed, are 4 MB), AlexNet's 192->384 at 13x13 625 against 776. With
-    more weights `smm` won: ResNet's 512->512 at 7x7 (9 MB) 630 against 766,
-    and GoogLeNet's 160->320 at 7x7 (1.8 MB) 129 against 153; so did stride 1
-    over the image's 3 channels (0.88x). With AVX2's 8 lanes `grouped` lost to
-    `smm` (0.75-0.84x on the 128->128 stride-2, 5x5 and 256->256 layers above)
-    and Winograd kept its lead at 14x14 (256->256: 0.98 against 1.48 ms), so
-    these rules hold for AVX-512 builds only."""
-    weights = layer.in_channels * layer.out_channels * math.prod(layer.kernel_size)
-    return (_wide_vectors() and layer.kernel_size != (1, 1) and layer.in_channels >= 16
-            and 4 * weights <= 3 * 2**20 and (out_side >= 12 or 4 * weights <= 2**19))
+def _direct_beats_gemm(layer: Layer) -> bool:
+    """A conv of one group with a window over at least 16 input channels,
+    where `grouped` (vectors of output channels, each tap a broadcast input,
+    no im2col) beats `smm`. Measured on a Zen 5 at batch 1, alone: 1.05-1.5x
+    on 3x3 stride 2 (64 and 128 channels at 112x112 and 56x56, 192 and 256 at
+    28x28), 5x5 (AlexNet's 64->192 at 27x27: 0.91 against 1.14 ms) and
+    DenseNet's 128->32 3x3 (16 against 23 us at 7x7); ahead of Winograd with
+    32 outputs at 28x28 and below (128->32: 151 against 188 us at 28x28, 44
+    against 79 at 14x14), where Winograd's transforms outweigh its few output
+    channels, and ahead of it at 16x16 and below, where a 4x4 output tile is
+    mostly edge (inside models, both rule sets in one process: SqueezeNet's
+    48->192 at 13x13 84 against 132 us, 64->256 140 against 193; GoogLeNet's
+    14x14 layers, 112->224 247 against 271, 128->256 291 against 368, 96->208
+    205 against 228), but behind it at 27x27 (SqueezeNet's 32->128: 137
+    against 132) and above and with more outputs. With the input padded once
+    per call for every task (small inputs), `grouped` also overtook `smm` on
+    the layers with many weights it lost before, inside models: AlexNet's
+    384->256 at 13x13 (3.4 MB) 705 against 966 us, ResNet-18's 512->512 at
+    7x7 (9 MB) 600-609 against 622-654 and its stride-2 256->512 306 against
+    348, ResNet-50's stride-2 512->512 627 against 698, GoogLeNet's 160->320
+    and 192->384 at 7x7 120 and 168 against 128 and 181; stride 1 over the
+    image's 3 channels stays on `smm` (0.88x). With AVX2's 8 lanes `grouped`
+    lost to `smm` (0.75-0.84x on the 128->128 stride-2, 5x5 and 256->256
+    layers above) and Winograd kept its lead at 14x14 (256->256: 0.98 against
+    1.48 ms), so these rules hold for AVX-512 builds only."""
+    return _wide_vectors() and layer.kernel_size != (1, 1) and layer.in_channels >= 16
 
 
 def _wide_vectors() -> bool:

@@ -11,8 +11,11 @@
 // (jtile.kernels.pack_gemm_weight with W rows), and a task takes one block of
 // W output channels of one group (one vector's
 // lanes) and a band of output rows, copies the input rows the band needs, for
-// the group's channels, into a per-worker buffer with their zero padding, and
-// accumulates B output columns at a time in registers, each tap one weight
+// the group's channels, into a per-worker buffer with their zero padding (or,
+// for an input of at most kSharedInputBytes read by several tasks of a group,
+// reads it from one padded copy made up front: 14x14 to 7x7 layers with
+// many channels copied their input once per block pair, 8 times for 256
+// outputs), and accumulates B output columns at a time in registers, each tap one weight
 // vector times B input values broadcast from the buffer. The band, held as W-channel vectors per
 // position, is then transposed into the output planes with the residual and
 // the activation (kernels/blocked.h).
@@ -34,6 +37,10 @@
 namespace jtile {
 namespace {
 
+// Inputs up to this size are padded once per call and read by every task;
+// larger ones are copied a band of rows per task, rows that stay in L2.
+constexpr int64_t kSharedInputBytes = int64_t(1) << 20;
+
 struct Grouped {
   ConvShape s;
   int64_t blocks;   // blocks of W output channels per group
@@ -47,6 +54,7 @@ struct Grouped {
   int64_t ph, pw;   // the rows and columns the call stores (pooled or not)
   int64_t rows;     // of them per task
   int64_t bands;
+  bool shared;      // x padded once for every task (small inputs), not a band's rows per task
 
   // The conv rows stored rows [y0, y1) need.
   std::pair<int64_t, int64_t> conv_rows(int64_t y0, int64_t y1) const {
@@ -81,16 +89,17 @@ Grouped make_grouped(const ConvShape& s, const FusedPool& pool, int threads) {
     p.band = (p.rows - 1) * pool.sh + pool.kh;
   }
   p.bands = ceil_div(p.ph, p.rows);
+  p.shared = p.units > 1 && s.n * s.c * p.in_rows(s.oh) * p.cols * int64_t(sizeof(float)) <= kSharedInputBytes;
   return p;
 }
 
-// The input rows output rows [oy0, oy1) read, of the group's channels from x:
-// buf[(c * rows + r) * cols + j] = padded channel c, row oy0 * sh - pt + r,
-// column j (zero in the padding).
-void load_rows(const Grouped& p, const float* x, int64_t oy0, int64_t oy1, float* buf) {
+// The input rows output rows [oy0, oy1) read, of channels [c0, c1) of the
+// group whose first channel is at x: buf[(c * rows + r) * cols + j] = padded
+// channel c, row oy0 * sh - pt + r, column j (zero in the padding).
+void load_rows(const Grouped& p, const float* x, int64_t oy0, int64_t oy1, int64_t c0, int64_t c1, float* buf) {
   const ConvShape& s = p.s;
   const int64_t rows = p.in_rows(oy1 - oy0), first = oy0 * s.sh - s.pt;
-  for (int64_t c = 0; c < s.cg; ++c)
+  for (int64_t c = c0; c < c1; ++c)
     for (int64_t r = 0; r < rows; ++r) {
       float* dst = buf + (c * rows + r) * p.cols;
       const int64_t y = first + r;
@@ -210,13 +219,19 @@ ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer
   float* ys = conv_output(s, y, channel0);
   const int64_t plane = p.ph * p.pw, units = p.units, half = p.band * p.owp * W;
   Workspace scratch(pool, 3);  // per worker: the input rows, the output band, the pooled band
+  const int64_t padded_rows = p.in_rows(s.oh);
+  const Scratch padded = p.shared ? Scratch(s.n * s.c * padded_rows * p.cols, false) : Scratch();
+  if (p.shared)
+    parallel_for(pool, s.n * s.c, [&](int64_t nc) {
+      const int64_t g = nc % s.c / s.cg, first = (nc - nc % s.c) + g * s.cg;
+      load_rows(p, xs + first * s.h * s.w, 0, s.oh, nc - first, nc - first + 1, &padded[first * padded_rows * p.cols]);
+    });
   parallel_for(pool, s.n * s.groups * units * p.bands, [&](int64_t task, int worker) {
     const int64_t band = task % p.bands, unit = task / p.bands % units;
     const int64_t g = task / p.bands / units % s.groups, n = task / p.bands / units / s.groups;
     const int64_t y0 = band * p.rows, y1 = std::min(p.ph, y0 + p.rows);
     const auto [oy0, oy1] = p.conv_rows(y0, y1);
     const int64_t in_rows = p.in_rows(oy1 - oy0);
-    float* in = scratch.get(worker, 0, s.cg * p.in_rows(p.band) * p.cols);
     float* out = scratch.get(worker, 1, p.nv * half);
     const int nv = (int)std::min<int64_t>(p.nv, p.blocks - unit * p.nv);
     V bv[2];
@@ -226,8 +241,14 @@ ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer
       for (int64_t i = 0; i < lanes; ++i) lane_bias[i] = bias[g * s.og() + block * W + i];
       bv[v] = vload(lane_bias);
     }
-    load_rows(p, xs + (n * s.c + g * s.cg) * s.h * s.w, oy0, oy1, in);
-    (nv == 2 ? compute_pair : compute_one)(p, in, in_rows, ws + (g * p.blocks + unit * p.nv) * taps * W, bv, oy1 - oy0, out);
+    const int64_t first = n * s.c + g * s.cg;
+    const float* in = p.shared ? &padded[(first * padded_rows + oy0 * s.sh) * p.cols] : nullptr;
+    if (!p.shared) {
+      float* rows = scratch.get(worker, 0, s.cg * p.in_rows(p.band) * p.cols);
+      load_rows(p, xs + first * s.h * s.w, oy0, oy1, 0, s.cg, rows);
+      in = rows;
+    }
+    (nv == 2 ? compute_pair : compute_one)(p, in, p.shared ? padded_rows : in_rows, ws + (g * p.blocks + unit * p.nv) * taps * W, bv, oy1 - oy0, out);
     for (int v = 0; v < nv; ++v) {
       const int64_t block = unit * p.nv + v, o0 = g * s.og() + block * W, at = (n * s.o + o0) * plane;
       const int lanes = (int)std::min<int64_t>(W, s.og() - block * W);

@@ -185,12 +185,13 @@ def test_auto_runs_image_stems_on_vectors_of_output_channels(getkey, tree_allclo
 
 
 @pytest.mark.parametrize("channels, out, kernel, stride, side, target, avx2_target", [
-    (128, 128, 3, 2, 28, "grouped", "smm"),  # ResNet's strided 3x3 with few weights
+    (128, 128, 3, 2, 28, "grouped", "smm"),  # ResNet's strided 3x3
     # 2.4 MB of weights, 4 MB as Winograd's: from memory in a model
     (256, 256, 3, 1, 14, "grouped", "winograd"),
-    (256, 256, 3, 2, 14, "smm", "smm"),  # 2.4 MB of weights over 7x7 outputs
+    (256, 256, 3, 2, 14, "grouped", "smm"),  # 2.4 MB of weights over 7x7 outputs
+    (512, 512, 3, 1, 7, "grouped", "smm"),  # 9 MB
     (192, 384, 3, 1, 28, "winograd", "winograd"),  # 4.5 MB of weights as Winograd's, but 28x28 outputs
-    (384, 256, 3, 1, 13, "smm", "winograd"),  # AlexNet's: 3.4 MB of weights
+    (384, 256, 3, 1, 13, "grouped", "winograd"),  # AlexNet's: 3.4 MB of weights
     (64, 192, 5, 1, 27, "grouped", "smm"),  # AlexNet's 5x5
     # DenseNet's 3x3: few outputs, Winograd's transforms outweigh them
     (128, 32, 3, 1, 14, "grouped", "winograd"),

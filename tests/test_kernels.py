@@ -159,7 +159,8 @@ def test_conv2d_large_blocks_match_reference(algorithm):
      ((1, 96, 7, 7), 24, 1),      # 32 groups of 3 -> 24 at 7x7, pixel rows
      ((3, 48, 12, 10), 8, 2),     # 16 groups: 48 GEMMs, one per (group, image)
      ((1, 64, 30, 9), 40, 1),     # 32 groups of 40: grouped's ragged second block, bands
-     ((1, 64, 9, 8), 32, 2)],     # 32 groups of 32: grouped's two blocks a task
+     ((1, 64, 9, 8), 32, 2),      # 32 groups of 32: grouped's two blocks a task
+     ((2, 64, 11, 9), 48, 1)],    # batch 2, 32 groups of 48: grouped's input padded once for two tasks a group
 )
 def test_conv2d_many_groups_match_reference(algorithm, x_shape, og, stride):
     groups = 32 if x_shape[1] != 48 else 16
