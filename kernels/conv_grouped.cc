@@ -1,23 +1,25 @@
 // Grouped convolution, channel-blocked ("grouped"): NCHW input, any groups,
 // stride, dilation and padding, bias, residual and activation fused, for
 // convs with many groups (RegNet, ResNeXt), where a GEMM per group is too
-// small to fill its register tile.
+// small to fill its register tile, and (under `auto`, AVX-512) for convs of
+// one group with a window, where it beats im2col + GEMM.
 //
 // With `span_groups` (jtile.kernels picks it for stride-1 convs whose groups
 // have at most W / 4 output channels, ResNeXt's first stage), the weights are
 // OIHW and the conv runs on vectors of W consecutive output channels spanning
 // several groups (kernels/channel_blocks.cc). Otherwise the weights are packed
 // ahead of time as [group][block of W output channels][c][ky][kx][W]
-// (jtile.kernels.pack_gemm_weight with W rows), and a task takes one block of
-// W output channels of one group (one vector's
-// lanes) and a band of output rows, copies the input rows the band needs, for
-// the group's channels, into a per-worker buffer with their zero padding (or,
-// for an input of at most kSharedInputBytes read by several tasks of a group,
-// reads it from one padded copy made up front: 14x14 to 7x7 layers with
-// many channels copied their input once per block pair, 8 times for 256
-// outputs), and accumulates B output columns at a time in registers, each tap one weight
-// vector times B input values broadcast from the buffer. The band, held as W-channel vectors per
-// position, is then transposed into the output planes with the residual and
+// (jtile.kernels.pack_gemm_weight with W rows), and a task takes two blocks
+// of W output channels of one group (one, the last, where a group has an odd
+// number) and a band of output rows. It copies the input rows the band needs,
+// for the group's channels, into a per-worker buffer with their zero padding
+// (or, for an input of at most kSharedInputBytes that several tasks of a
+// group read, takes them from one padded copy made up front: 14x14 to 7x7
+// layers with many channels had copied their input once per task, 8 times
+// for 256 outputs), and accumulates B output columns at a time in registers,
+// each tap one weight vector a block times B input values broadcast from the
+// buffer. The band, held as W-channel vectors per position, is then
+// transposed into the output planes with the residual and
 // the activation (kernels/blocked.h).
 //
 // With a fused max pool (attribute "max_pool", the image stem's: a conv, its
@@ -224,7 +226,8 @@ ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer
   if (p.shared)
     parallel_for(pool, s.n * s.c, [&](int64_t nc) {
       const int64_t g = nc % s.c / s.cg, first = (nc - nc % s.c) + g * s.cg;
-      load_rows(p, xs + first * s.h * s.w, 0, s.oh, nc - first, nc - first + 1, &padded[first * padded_rows * p.cols]);
+      load_rows(p, xs + first * s.h * s.w, 0, s.oh, nc - first, nc - first + 1,
+                &padded[first * padded_rows * p.cols]);
     });
   parallel_for(pool, s.n * s.groups * units * p.bands, [&](int64_t task, int worker) {
     const int64_t band = task % p.bands, unit = task / p.bands % units;
@@ -248,7 +251,8 @@ ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer
       load_rows(p, xs + first * s.h * s.w, oy0, oy1, 0, s.cg, rows);
       in = rows;
     }
-    (nv == 2 ? compute_pair : compute_one)(p, in, p.shared ? padded_rows : in_rows, ws + (g * p.blocks + unit * p.nv) * taps * W, bv, oy1 - oy0, out);
+    const float* wt = ws + (g * p.blocks + unit * p.nv) * taps * W;
+    (nv == 2 ? compute_pair : compute_one)(p, in, p.shared ? padded_rows : in_rows, wt, bv, oy1 - oy0, out);
     for (int v = 0; v < nv; ++v) {
       const int64_t block = unit * p.nv + v, o0 = g * s.og() + block * W, at = (n * s.o + o0) * plane;
       const int lanes = (int)std::min<int64_t>(W, s.og() - block * W);
