@@ -550,6 +550,9 @@ def _before_transpose(producers, var, x, contract, batch):
                              tuple(perm[ax] for ax in contract), tuple(perm[ax] for ax in batch))
 
 
+_MATMUL_MAX_MACS = 1 << 22  # per batch element; see _auto_matmul
+
+
 def _auto_matmul(eqn, layer: Layer, producers) -> str:
     """The kernel for products of at most `_MATMUL_MAX_MACS` multiply-adds per
     batch element (attention's), else XLA. Measured alone on the Zen 5 with the
@@ -564,9 +567,6 @@ def _auto_matmul(eqn, layer: Layer, producers) -> str:
     batch = max(math.prod(a[d] for d in a_batch), 1)
     macs = math.prod(a) // batch * (math.prod(c) // batch) // max(k, 1)
     return "gemm" if macs <= _MATMUL_MAX_MACS and _matmul_support(eqn, layer) is None else "default"
-
-
-_MATMUL_MAX_MACS = 1 << 22
 
 
 # ---------------------------------------------------------------- pooling
