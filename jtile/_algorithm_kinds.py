@@ -25,7 +25,7 @@ import numpy as np
 
 from ._errors import ConfigError
 from ._fused import activate
-from ._geometry import ConvGeometry, PoolGeometry
+from ._geometry import ConvGeometry, DotGeometry, PoolGeometry
 from ._graph import Graph
 from ._interpreter import on_host, to_device
 from ._layers import Layer, dense_weight_axis, layer_fields, scope_name
@@ -561,12 +561,8 @@ def _auto_matmul(eqn, layer: Layer, producers) -> str:
     357 us, `P @ V` 212 against 278; 8 x 128x64x128 60 against 84, 4 x
     49x32x49 9 against 18. Past the limit XLA wins: 12 x 256^3 922 against
     893, 2 x 512^3 1173 against 1063, 1024^3 4571 against 4218."""
-    (a_contract, _), (a_batch, _) = eqn.params["dimension_numbers"]
-    a, c = layer.in_shapes
-    k = math.prod(a[d] for d in a_contract)
-    batch = max(math.prod(a[d] for d in a_batch), 1)
-    macs = math.prod(a) // batch * (math.prod(c) // batch) // max(k, 1)
-    return "gemm" if macs <= _MATMUL_MAX_MACS and _matmul_support(eqn, layer) is None else "default"
+    g = DotGeometry.of(eqn)
+    return "gemm" if g.m * g.k * g.n <= _MATMUL_MAX_MACS and _matmul_support(eqn, layer) is None else "default"
 
 
 # ---------------------------------------------------------------- pooling
