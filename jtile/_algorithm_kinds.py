@@ -30,6 +30,7 @@ from ._graph import Graph
 from ._interpreter import on_host, to_device
 from ._layers import Layer, dense_weight_axis, layer_fields, scope_name
 from ._regions import pool_axes
+from ._views import strided_source
 
 _F32 = np.dtype(np.float32)
 
@@ -525,29 +526,35 @@ def _matmul_support(eqn, layer: Layer) -> str | None:
     return _dtype_reason(eqn) or _kernels().kernel_unavailable("jtile_matmul")
 
 
-def _matmul_run(eqn, a, c, *, producers):
+def _matmul_run(eqn, a, c, *, producers, reads=(None, None)):
+    """The product on the kernel; `reads` holds, per operand, None or `(buffer,
+    view, scales)` from `matmul_sources`: the operand is `view` of `buffer`
+    times the `scales`, which multiply the product instead."""
+    operands, views, scale = [a, c], [None, None], None
+    for i, read in enumerate(reads):
+        if read is not None:
+            operands[i], views[i], scales = read
+            for s in scales:
+                s = jnp.reshape(s, ())
+                scale = s if scale is None else scale * s
+    y = _kernels().matmul(*operands, eqn.params["dimension_numbers"], a_view=views[0], c_view=views[1])
+    return y if scale is None else y * scale.astype(y.dtype)
+
+
+def matmul_sources(eqn, algorithm: str, producers) -> tuple:
+    """Per operand of a matmul run by `algorithm`, the `StridedSource` the
+    kernel reads in place through the layout ops that made it (a head split's
+    reshapes, transposes and slices, a scale by one number), or None; `()` if
+    the algorithm reads its operands as given."""
+    if algorithm != "gemm":
+        return ()
     (a_contract, c_contract), (a_batch, c_batch) = eqn.params["dimension_numbers"]
-    (a, a_contract, a_batch), (c, c_contract, c_batch) = (
-        _before_transpose(producers, var, x, contract, batch)
-        for var, x, contract, batch in ((eqn.invars[0], a, a_contract, a_batch), (eqn.invars[1], c, c_contract, c_batch))
-    )
-    return _kernels().matmul(a, c, ((a_contract, c_contract), (a_batch, c_batch)))
 
+    def source(var, contract, batch):
+        found = strided_source(producers, var)
+        return found if found is not None and _kernels().matmul_reads_in_place(found.view, batch, contract) else None
 
-def _before_transpose(producers, var, x, contract, batch):
-    """`(x, contract, batch)`, or, through the transposes that made `x`, their
-    first operand with the axes renamed, as long as the free axes keep their
-    order (the kernel then reads that operand in place; XLA cancels the
-    transposes)."""
-    eqn = producers.get(var) if isinstance(var, jcore.Var) else None
-    if eqn is None or eqn.primitive.name != "transpose":
-        return x, contract, batch
-    perm = eqn.params["permutation"]
-    free = [perm[ax] for ax in range(len(perm)) if ax not in (*contract, *batch)]
-    if free != sorted(free):
-        return x, contract, batch
-    return _before_transpose(producers, eqn.invars[0], jnp.transpose(x, np.argsort(perm)),
-                             tuple(perm[ax] for ax in contract), tuple(perm[ax] for ax in batch))
+    return source(eqn.invars[0], a_contract, a_batch), source(eqn.invars[1], c_contract, c_batch)
 
 
 _MATMUL_MAX_MACS = 1 << 22  # per batch element; see _auto_matmul

@@ -208,6 +208,7 @@ class _Plan:
     pools_first: dict = dataclasses.field(default_factory=dict)  # id(conv eqn) -> the sum pool run before it
     blocked: Blocked = Blocked(frozenset(), frozenset())  # convs writing / reading NCHWc
     expansions: dict = dataclasses.field(default_factory=dict)  # id(depthwise conv eqn) -> the 1x1 conv it runs
+    sources: dict = dataclasses.field(default_factory=dict)  # id(matmul eqn) -> its operands' StridedSource or None
 
 
 def _find_layers(graph: Graph, kinds_wanted):
@@ -240,6 +241,8 @@ def _plan(closed: jcore.ClosedJaxpr, selectors: dict[str, Selector]) -> _Plan:
             plan.swaps[id(eqn)] = algorithm
             if layer.kind == "avgpool2d":
                 plan.dropped.add(avg_pools[id(eqn)])
+            if layer.kind == "matmul" and any(sources := kinds.matmul_sources(eqn, algorithm.name, plan.producers)):
+                plan.sources[id(eqn)] = sources
 
     def writes_into(eqn) -> bool:
         algorithm = plan.swaps.get(id(eqn))
@@ -305,8 +308,13 @@ def _rules(plan: _Plan) -> dict:
     operands = {}  # id(conv eqn) -> {role: per-channel operand} of its prologue, as the chain runs
     expanding = {id(e): conv for conv, e in plan.expansions.items()}  # id(1x1 conv eqn) -> id(its depthwise conv)
     expansion_operands = {}  # id(depthwise conv eqn) -> its expansion's operands
+    read_through = {id(step): step for sources in plan.sources.values() for source in sources if source
+                    for step in source.steps}
+    values = {}  # jaxpr variable -> its value, for the steps a matmul reads through
 
     def swap(eqn, *invals):
+        if id(eqn) in read_through:
+            values.update((var, x) for var, x in zip(eqn.invars, invals) if isinstance(var, jcore.Var))
         if id(eqn) in plan.dropped:
             return invals[0]
         if id(eqn) in expanding:  # run by its depthwise conv, to which it passes its x on
@@ -336,6 +344,8 @@ def _rules(plan: _Plan) -> dict:
             run = functools.partial(run, x_layout="NCHWc")
         if id(eqn) in plan.blocked.writers:
             run = functools.partial(run, y_layout="NCHWc")
+        if id(eqn) in plan.sources:
+            run = functools.partial(run, reads=tuple(_read(source, values) for source in plan.sources[id(eqn)]))
         if id(eqn) in plan.pooled:  # the pool's equation, dropped, passes this output on
             return run(eqn, *invals, producers=plan.producers, max_pool=plan.pooled[id(eqn)])
         if id(eqn) not in plan.parts:
@@ -348,7 +358,16 @@ def _rules(plan: _Plan) -> dict:
         return lax.slice_in_dim(whole, part.channel0, part.channel0 + eqn.outvars[0].aval.shape[1], axis=1)
 
     steps = ("sub", "mul", "add", "max") if chain else ()
-    return {name: swap for name in (*kinds.PRIMITIVES, *(("concatenate",) if plan.assemblies else ()), *steps)}
+    viewed = {step.primitive.name for step in read_through.values()}
+    return {name: swap for name in (*kinds.PRIMITIVES, *(("concatenate",) if plan.assemblies else ()), *steps, *viewed)}
+
+
+def _read(source, values: dict):
+    """`(buffer, view, scales)` of a matmul operand read through layout ops, or None."""
+    if source is None:
+        return None
+    scales = tuple(values[s] if isinstance(s, jcore.Var) else s.val for s in source.scales)
+    return values[source.base], source.view, scales
 
 
 def _average(plan: _Plan, pool, x):

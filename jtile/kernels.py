@@ -102,6 +102,7 @@ from ._errors import ConfigError, KernelsUnavailableWarning, UnsupportedError
 from ._fused import activate
 from ._interpreter import eager_if_known, is_known, on_host, shared, to_device
 from ._regions import SlidingWindow
+from ._views import Strided
 
 Pair = tuple[int, int]
 Padding = tuple[Pair, Pair]
@@ -1269,11 +1270,11 @@ def _merged_stride(shape, strides, axes) -> int | None:
     return strides[kept[-1]] if kept else 0
 
 
-def _matmul_view(shape, batch, rows, contract) -> tuple[int, int, int] | None:
-    """`(batch, row, k)` strides of a row-major array of `shape` read as
-    `(B, rows, K)` with those axis groups in place, or None if the groups are
-    not contiguous runs or neither rows nor K has stride 1."""
-    strides = [math.prod(shape[ax + 1:]) for ax in range(len(shape))]
+def _matmul_view(view: Strided, batch, rows, contract) -> tuple[int, int, int] | None:
+    """`(batch, row, k)` strides of `view` read as `(B, rows, K)` with those
+    axis groups in place, or None if the groups are not contiguous runs or
+    neither rows nor K has stride 1."""
+    shape, strides = view.shape, view.strides
     sb, sr, sk = (_merged_stride(shape, strides, axes) for axes in (batch, rows, contract))
     if None in (sb, sr, sk):
         return None
@@ -1282,20 +1283,52 @@ def _matmul_view(shape, batch, rows, contract) -> tuple[int, int, int] | None:
     return (sb, sr, sk) if 1 in (sr, sk) else None
 
 
-def _matmul_operand(x: jax.Array, batch, contract) -> tuple[jax.Array, tuple[int, int, int]]:
-    """`x` and its `(batch, row, k)` strides, copied to (B, rows, K) order only
-    when its own layout cannot be read in place."""
-    shape = jnp.shape(x)
-    rows = [ax for ax in range(len(shape)) if ax not in (*batch, *contract)]
-    view = _matmul_view(shape, batch, rows, contract)
-    if view is not None:
-        return x, view
-    groups = [math.prod(shape[ax] for ax in axes) for axes in (batch, rows, contract)]
+def _free_axes(rank: int, batch, contract) -> list[int]:
+    return [ax for ax in range(rank) if ax not in (*batch, *contract)]
+
+
+def matmul_reads_in_place(view: Strided, batch: Sequence[int], contract: Sequence[int]) -> bool:
+    """Whether `matmul(a_view=view)` reads an operand with these batch and
+    contracting axes where it lies: its batch, free and contracting axes each
+    one run in memory, with its free or its contracting axes innermost."""
+    return _matmul_view(view, batch, _free_axes(len(view.shape), batch, contract), contract) is not None
+
+
+def _strided_reference(buffer: jax.Array, view: Strided) -> jax.Array:
+    """The elements `view` reads from `buffer`, gathered."""
+    index = view.offset + sum(np.arange(n).reshape([-1 if a == ax else 1 for a in range(len(view.shape))]) * s
+                              for ax, (n, s) in enumerate(zip(view.shape, view.strides)))
+    return jnp.ravel(buffer)[np.broadcast_to(index, view.shape)]
+
+
+def _matmul_operand(x: jax.Array, view: Strided | None, batch, contract) -> tuple[jax.Array, tuple[int, ...]]:
+    """The buffer to pass and its `(offset, batch, row, k)` view: `x` read in
+    place where its layout allows, else copied to (B, rows, K) order first."""
+    if view is None:
+        view = Strided.contiguous(jnp.shape(x))
+    rows = _free_axes(len(view.shape), batch, contract)
+    strides = _matmul_view(view, batch, rows, contract)
+    if strides is not None:
+        return x, (view.offset, *strides)
+    if view != Strided.contiguous(jnp.shape(x)):
+        raise ConfigError(f"matmul: the view {view} cannot be read in place (see matmul_reads_in_place)")
+    groups = [math.prod(view.shape[ax] for ax in axes) for axes in (batch, rows, contract)]
     x = jnp.transpose(x, (*batch, *rows, *contract)).reshape(groups)
-    return x, (groups[1] * groups[2], groups[2], 1)
+    return x, (0, groups[1] * groups[2], groups[2], 1)
 
 
-def matmul(a: jax.Array, c: jax.Array, dimension_numbers: DimensionNumbers) -> jax.Array:
+def _checked_view(name: str, x: jax.Array, view: Strided | None) -> jax.ShapeDtypeStruct | jax.Array:
+    """What the product reads of operand `name`: `x`, or the shape `view` reads
+    from the buffer `x` (which must hold it)."""
+    if view is None:
+        return x
+    if min(view.offset, *view.strides, 0) < 0 or view.span() > math.prod(jnp.shape(x)):
+        raise ConfigError(f"matmul: {name}_view {view} reaches outside its buffer of shape {jnp.shape(x)}")
+    return jax.ShapeDtypeStruct(view.shape, jnp.result_type(x))
+
+
+def matmul(a: jax.Array, c: jax.Array, dimension_numbers: DimensionNumbers, *,
+           a_view: Strided | None = None, c_view: Strided | None = None) -> jax.Array:
     """`lax.dot_general(a, c, dimension_numbers)` by the C GEMM, for float32
     activations times activations (attention's `Q @ K^T`, `P @ V`).
 
@@ -1303,17 +1336,20 @@ def matmul(a: jax.Array, c: jax.Array, dimension_numbers: DimensionNumbers) -> j
     or a transpose feeding the product costs no copy) when its batch, free and
     contracting axes each form one contiguous run in memory, with its free or
     its contracting axes innermost; otherwise it is copied to (batch, free,
-    contracting) order first.
+    contracting) order first. With `a_view` (a `jtile._views.Strided`), `a`
+    is a buffer and the operand is that view of it, read in place (it must be:
+    see `matmul_reads_in_place`); likewise `c_view`.
     """
     _require_float32("matmul", a=a, c=c)
     dn = tuple(tuple(tuple(int(ax) for ax in axes) for axes in pair) for pair in dimension_numbers)
     (a_contract, c_contract), (a_batch, c_batch) = dn
+    a_read, c_read = _checked_view("a", a, a_view), _checked_view("c", c, c_view)
     try:
-        out = jax.eval_shape(lambda a, c: matmul_reference(a, c, dn), a, c)
+        out = jax.eval_shape(lambda a, c: matmul_reference(a, c, dn), a_read, c_read)
     except TypeError as error:
-        raise ConfigError(f"matmul: a {jnp.shape(a)} and c {jnp.shape(c)} do not match the dimension "
+        raise ConfigError(f"matmul: a {jnp.shape(a_read)} and c {jnp.shape(c_read)} do not match the dimension "
                           f"numbers {dn}: {error}") from None
-    a_shape, c_shape = jnp.shape(a), jnp.shape(c)
+    a_shape, c_shape = jnp.shape(a_read), jnp.shape(c_read)
     dims = [math.prod(a_shape[ax] for ax in a_batch),
             *(math.prod(n for ax, n in enumerate(shape) if ax not in (*batch, *contract))
               for shape, batch, contract in ((a_shape, a_batch, a_contract), (c_shape, c_batch, c_contract))),
@@ -1323,12 +1359,17 @@ def matmul(a: jax.Array, c: jax.Array, dimension_numbers: DimensionNumbers) -> j
     flat = jax.ShapeDtypeStruct((dims[0] * dims[1] * dims[2],), jnp.float32)
 
     def kernel(a, c):
-        (a, a_strides), (c, c_strides) = _matmul_operand(a, a_batch, a_contract), _matmul_operand(c, c_batch, c_contract)
+        (a, a_offsets), (c, c_offsets) = (_matmul_operand(a, a_view, a_batch, a_contract),
+                                          _matmul_operand(c, c_view, c_batch, c_contract))
         attrs = {name: np.array(v, np.int64) for name, v in
-                 (("dims", dims), ("a_strides", a_strides), ("c_strides", c_strides))}
+                 (("dims", dims), ("a_view", a_offsets), ("c_view", c_offsets))}
         return _call("jtile_matmul", flat, a, c, vmap_method="sequential", **attrs).reshape(out.shape)
 
-    return _with_reference_vjp(kernel, lambda a, c: matmul_reference(a, c, dn))(a, c)
+    def reference(a, c):
+        a, c = (x if v is None else _strided_reference(x, v) for x, v in ((a, a_view), (c, c_view)))
+        return matmul_reference(a, c, dn)
+
+    return _with_reference_vjp(kernel, reference)(a, c)
 
 
 # ------------------------------------------------------------------ pooling

@@ -160,27 +160,28 @@ ffi::Error Dense(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, in
 }
 
 // One operand of a batched product as `rows` x K views of its buffer: element
-// (batch, row, p) at batch * strides[0] + row * strides[1] + p * strides[2].
-// Either rows or K must be contiguous (stride 1): the view is then Rows or
-// Columns of gemm.h.
+// (batch, row, p) at offset + batch * batch_stride + row * row_stride + p *
+// k_stride. Either rows or K must be contiguous (stride 1): the view is then
+// Rows or Columns of gemm.h.
 struct View {
   const float* data;
-  int64_t batch_stride, row_stride, k_stride;
+  int64_t offset, batch_stride, row_stride, k_stride;
 
   bool valid(int64_t batch, int64_t rows, int64_t k, int64_t count) const {
-    if (batch_stride < 0 || row_stride < 0 || k_stride < 0 || (row_stride != 1 && k_stride != 1)) return false;
-    const int64_t last = (batch - 1) * batch_stride + (rows - 1) * row_stride + (k - 1) * k_stride;
+    if (std::min({offset, batch_stride, row_stride, k_stride}) < 0 || (row_stride != 1 && k_stride != 1)) return false;
+    const int64_t last = offset + (batch - 1) * batch_stride + (rows - 1) * row_stride + (k - 1) * k_stride;
     return last < count;
   }
 };
 
 ffi::Error Matmul(ffi::ThreadPool pool, F32Buffer a, F32Buffer c, ffi::Span<const int64_t> dims,
-                  ffi::Span<const int64_t> a_strides, ffi::Span<const int64_t> c_strides, F32Result y) {
-  if (dims.size() != 4 || a_strides.size() != 3 || c_strides.size() != 3)
-    return ffi::Error::InvalidArgument("jtile matmul: expected dims [B, M, N, K] and 3 strides per operand");
+                  ffi::Span<const int64_t> a_view, ffi::Span<const int64_t> c_view, F32Result y) {
+  if (dims.size() != 4 || a_view.size() != 4 || c_view.size() != 4)
+    return ffi::Error::InvalidArgument(
+        "jtile matmul: expected dims [B, M, N, K] and, per operand, [offset, batch, row, k strides]");
   const int64_t batch = dims[0], m = dims[1], n = dims[2], k = dims[3];
-  const View av{a.typed_data(), a_strides[0], a_strides[1], a_strides[2]};
-  const View cv{c.typed_data(), c_strides[0], c_strides[1], c_strides[2]};
+  const View av{a.typed_data(), a_view[0], a_view[1], a_view[2], a_view[3]};
+  const View cv{c.typed_data(), c_view[0], c_view[1], c_view[2], c_view[3]};
   if (std::min({batch, m, n, k}) < 1 || (int64_t)y->element_count() != batch * m * n ||
       !av.valid(batch, m, k, (int64_t)a.element_count()) || !cv.valid(batch, n, k, (int64_t)c.element_count()))
     return ffi::Error::InvalidArgument(
@@ -189,7 +190,7 @@ ffi::Error Matmul(ffi::ThreadPool pool, F32Buffer a, F32Buffer c, ffi::Span<cons
   float* ys = y->typed_data();
   gemm_batched(pool, batch, m, n, k, [&](int64_t i, const GemmCompute& compute) {
     auto operand = [&](const View& v, auto&& use) {
-      const float* p = v.data + i * v.batch_stride;
+      const float* p = v.data + v.offset + i * v.batch_stride;
       if (v.k_stride == 1) use(Rows(p, v.row_stride));
       else use(Columns(p, v.k_stride));
     };
@@ -220,6 +221,6 @@ JTILE_DEFINE_HANDLER(JtileMatmul, jtile::Matmul,
                          .Arg<jtile::F32Buffer>()
                          .Arg<jtile::F32Buffer>()
                          .Attr<xla::ffi::Span<const int64_t>>("dims")
-                         .Attr<xla::ffi::Span<const int64_t>>("a_strides")
-                         .Attr<xla::ffi::Span<const int64_t>>("c_strides")
+                         .Attr<xla::ffi::Span<const int64_t>>("a_view")
+                         .Attr<xla::ffi::Span<const int64_t>>("c_view")
                          .Ret<jtile::F32Buffer>());

@@ -17,12 +17,25 @@
 namespace jtile {
 namespace {
 
-#ifdef JTILE_GEMM_KC  // for tuning experiments
-constexpr int64_t KC = JTILE_GEMM_KC;
+// The longest K block. Rotated per round in one process on the Zen 5 (20
+// rounds, median ms, KC_MAX 256 / 768 / 1024 / 1536): ResNet-50 24.4 / 23.5 /
+// 23.1 / 23.1, ViT-B/16 102.6 / 98.5 / 98.3 / 98.3, DenseNet-121 20.1 / 18.5
+// / 16.4 / 16.7; MobileNetV3, EfficientNet-B0 and RegNet-Y within noise. Alone,
+// ViT's 197 x 3072 -> 768 dense took 2170 us at 768 against 2241-2291 at 256.
+#ifdef JTILE_GEMM_KC_TUNING  // for tuning experiments: JtileSetKc sets it at run time
+int64_t KC_MAX = 1024;
+extern "C" void JtileSetKc(int64_t kc) { KC_MAX = kc; }
 #else
-constexpr int64_t KC = 256;            // K block
+constexpr int64_t KC_MAX = 1024;
 #endif
-static_assert(KC % W == 0, "a blocked A is read a whole block of W channels at a time");
+
+// The K block of a product over k: as few blocks as KC_MAX allows, of even
+// length, a multiple of W (a blocked A is read a whole block of W channels at
+// a time).
+int64_t k_block(int64_t k) {
+  const int64_t blocks = std::max<int64_t>(1, ceil_div(k, KC_MAX));
+  return ceil_div(ceil_div(k, blocks), W) * W;
+}
 constexpr int64_t NC_STRIPS = 8;       // most B strips per task
 constexpr int64_t MC_STRIPS = 24;      // most A strips per task
 
@@ -204,16 +217,25 @@ void write_transposed(const float* buf, int64_t ldb, int64_t i0, int64_t rows, i
 
 }  // namespace
 
+// W rows by W k at a time, transposed in registers (the scalar copy wrote
+// each float to its own cache line: 5 us a head of attention's K).
 void Rows::pack(int64_t k0, int64_t kc, int64_t i0, int64_t count, int r, float* dst) const {
   for (int64_t s = 0; s < count; s += r, dst += kc * r)
-    for (int q = 0; q < r; ++q) {
-      float* d = dst + q;
-      if (s + q >= count) {
-        for (int64_t p = 0; p < kc; ++p) d[p * r] = 0.0f;
-        continue;
+    for (int q0 = 0; q0 < r; q0 += W) {
+      const int n = std::min(W, r - q0);  // rows of this block in the strip
+      for (int64_t p0 = 0; p0 < kc; p0 += W) {
+        const int ks = (int)std::min<int64_t>(W, kc - p0);
+        V v[W];
+        for (int q = 0; q < W; ++q) {
+          const float* row = a + (i0 + s + q0 + q) * lda + k0 + p0;
+          v[q] = q < n && s + q0 + q < count ? (ks == W ? vload(row) : vload_partial(row, ks)) : vzero();
+        }
+        transpose(v);
+        for (int p = 0; p < ks; ++p) {
+          float* d = dst + (p0 + p) * r + q0;
+          if (n == W) vstore(d, v[p]); else vstore_partial(d, v[p], n);
+        }
       }
-      const float* row = a + (i0 + s + q) * lda + k0;
-      for (int64_t p = 0; p < kc; ++p) d[p * r] = row[p];
     }
 }
 
@@ -286,7 +308,7 @@ void gemm_on(Runner& runner, int64_t m, int64_t n, int64_t k, const Operand& a, 
   constexpr int NR = NV * W;
   if (m <= 0 || n <= 0) return;
   const int64_t strips_m = ceil_div(m, MR), strips_n = ceil_div(n, NR);
-  const int64_t kblocks = std::max<int64_t>(1, ceil_div(k, KC));
+  const int64_t KC = k_block(k), kblocks = std::max<int64_t>(1, ceil_div(k, KC));
   // A strip s of K block starting at k0 (kc deep).
   // A pre-packed, read in place (a_step floats from one k to the next, or
   // blocked), or packed here.

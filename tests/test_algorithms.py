@@ -523,12 +523,16 @@ def test_attention_block_runs_on_the_kernels(attention, tree_allclose):
     swapped = swap_backend(_attention, algorithms={"dense": "gemm", "matmul": "gemm"})
     assert sorted(_targets(swapped, params, x)) == ["jtile_dense"] * 2 + ["jtile_matmul"] * 2
     assert tree_allclose(jax.jit(swapped)(params, x), _attention(params, x), rtol=RTOL, atol=ATOL)
-    # The head split's transposes are seen through: the kernel reads q and k in
-    # their (tokens, heads, width) layout, heads WIDTH floats apart.
+    # The split and the head split's reshapes and transposes are seen through:
+    # both products read q, k and v where the QKV projection wrote them, heads
+    # WIDTH floats apart, tokens 3 * dim apart, at offsets 0, dim and 2 * dim.
     calls = [e for e in _iter_eqns(jax.make_jaxpr(swapped)(params, x).jaxpr)
              if e.primitive.name == "ffi_call" and e.params["target_name"] == "jtile_matmul"]
-    strides = dict(calls[0].params["attributes"])
-    assert [list(np.asarray(strides[n].val)) for n in ("a_strides", "c_strides")] == [[WIDTH, HEADS * WIDTH, 1]] * 2
+    views = [[list(np.asarray(dict(e.params["attributes"])[n].val)) for n in ("a_view", "c_view")] for e in calls]
+    dim = HEADS * WIDTH
+    assert [e.invars[0].aval.shape for e in calls[:1]] + [e.invars[1].aval.shape for e in calls] == [(13, 1, 3 * dim)] * 3
+    assert views[0] == [[0, WIDTH, 3 * dim, 1], [dim, WIDTH, 3 * dim, 1]]
+    assert views[1][1] == [2 * dim, WIDTH, 1, 3 * dim]
 
 
 def test_attention_gradients_through_the_kernels(attention, tree_allclose):

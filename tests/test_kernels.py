@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 import jtile
 from jtile import kernels
+from jtile._views import Strided
 from jtile._interpreter import iter_eqns
 
 ACTIVATIONS = [None, "relu", "relu6", "clip", "leaky_relu", "sigmoid", "silu", "hard_sigmoid", "hard_swish",
@@ -78,13 +79,13 @@ def test_conv2d_matches_reference(algorithm, case):
 @pytest.mark.parametrize(
     "x_shape, w_shape, stride, pixel_rows",
     [
-        ((2, 64, 7, 9), (256, 64, 3, 3), 1, True),  # few pixels, many channels: 3 K blocks, batch 2
+        ((2, 240, 7, 9), (256, 240, 3, 3), 1, True),  # few pixels, many channels: 3 K blocks, batch 2
         ((1, 40, 15, 15), (128, 40, 3, 3), 2, True),  # strided, 8x8 out
         ((2, 40, 20, 20), (96, 40, 3, 3), 1, False),  # 400 pixels
         ((1, 96, 7, 7), (160, 96, 1, 1), 1, False),  # 1x1: x itself is the B operand
         ((1, 960, 7, 7), (160, 960, 1, 1), 1, True),  # 1x1, 49 of 64 lanes, many weights: pixel rows
         # 1x1 read in place over 2 K blocks; 140 pixels = 2 full strips and a packed partial one
-        ((2, 300, 10, 14), (9, 300, 1, 1), 1, False),
+        ((2, 1100, 10, 14), (9, 1100, 1, 1), 1, False),
     ],
 )
 def test_smm_orientations_fuse_bias_residual_and_activation(x_shape, w_shape, stride, pixel_rows):
@@ -141,11 +142,11 @@ def test_gemm_tiles_are_named_wide_and_tall():
 
 @pytest.mark.parametrize("algorithm", ["direct", "smm", "grouped"])
 def test_conv2d_large_blocks_match_reference(algorithm):
-    # 40 channels x 3x3 = 360 taps (two GEMM K blocks), 300 output channels
+    # 120 channels x 3x3 = 1080 taps (two GEMM K blocks), 300 output channels
     # (several M chunks; grouped: 9 pairs of vectors and a ragged single),
     # 45x47 pixels (several N blocks and ragged tiles).
     rng = np.random.default_rng(1)
-    x, w, b = _normal(rng, (1, 40, 45, 47)), _normal(rng, (300, 40, 3, 3)), _normal(rng, 300)
+    x, w, b = _normal(rng, (1, 120, 45, 47)), _normal(rng, (300, 120, 3, 3)), _normal(rng, 300)
     kw = dict(padding=((1, 0), (2, 1)), activation="relu")
     got = kernels.conv2d(x, w, b, algorithm=algorithm, **kw)
     np.testing.assert_allclose(got, kernels.conv2d_reference(x, w, b, **kw), rtol=1e-4, atol=3e-4)
@@ -246,7 +247,7 @@ def test_activation_reference_is_what_jax_nn_computes():
 @pytest.mark.parametrize("transpose_w", [False, True])
 def test_dense_large_blocks_match_reference(m, traced, transpose_w):
     rng = np.random.default_rng(2)
-    k, n = 600, 5000 if m <= 16 else 530
+    k, n = (600, 5000) if m <= 16 else (1100, 530)
     x, w = _normal(rng, (m, k)), _normal(rng, (n, k) if transpose_w else (k, n))
     kw = dict(activation="leaky_relu", alpha=0.1, transpose_w=transpose_w)
     got = jax.jit(lambda x, w: kernels.dense(x, w, **kw))(x, w) if traced else kernels.dense(x, w, **kw)
@@ -297,7 +298,7 @@ def test_matmul_matches_dot_general(case, traced, seed):
 
 # Attention's products in the model's own layout (one copy-free strided read
 # each), with K over two GEMM K blocks and ragged register tiles.
-@pytest.mark.parametrize("heads, tokens, width", [(12, 197, 64), (1, 33, 300), (3, 8, 1)])
+@pytest.mark.parametrize("heads, tokens, width", [(12, 197, 64), (1, 33, 1100), (3, 8, 1)])
 def test_matmul_attention_products_match_reference(heads, tokens, width):
     rng = np.random.default_rng(3)
     q, k = _normal(rng, (tokens, heads, width)), _normal(rng, (tokens, heads, width))
@@ -329,6 +330,37 @@ def test_matmul_gradients_are_the_references():
 
     for got, want in zip(loss(kernels.matmul), loss(kernels.matmul_reference)):
         np.testing.assert_allclose(got, want, **TOL)
+
+
+@pytest.mark.parametrize("tokens, heads, width", [(13, 4, 8), (197, 12, 64)])
+def test_matmul_reads_views_of_one_buffer(tokens, heads, width):
+    """q and k as views of one QKV projection (tokens, 3 * dim), heads `width`
+    apart, read in place; their gradients land in the buffer."""
+    rng = np.random.default_rng(6)
+    dim = heads * width
+    qkv = _normal(rng, (tokens, 3 * dim))
+    q = Strided(0, (heads, tokens, width), (width, 3 * dim, 1))
+    k_t = Strided(dim, (heads, width, tokens), (width, 1, 3 * dim))  # k transposed: K axis contiguous
+    dn = (((2,), (1,)), ((0,), (0,)))
+    heads_of = qkv.reshape(tokens, 3, heads, width).transpose(1, 2, 0, 3)
+    want = np.einsum("htd,hsd->hts", heads_of[0], heads_of[1])
+    got = jax.jit(lambda b: kernels.matmul(b, b, dn, a_view=q, c_view=k_t))(qkv)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=5e-4)
+    grad = jax.grad(lambda b: jnp.sum(jnp.sin(kernels.matmul(b, b, dn, a_view=q, c_view=k_t))))(qkv)
+    ref = jax.grad(lambda b: jnp.sum(jnp.sin(jnp.einsum("htd,hsd->hts", *b.reshape(tokens, 3, heads, width)
+                                                         .transpose(1, 2, 0, 3)[:2]))))(qkv)
+    np.testing.assert_allclose(grad, ref, rtol=1e-4, atol=5e-4)
+
+
+def test_matmul_rejects_views_it_cannot_read():
+    dn = (((1,), (0,)), ((), ()))
+    buffer = jnp.ones((4, 6))
+    with pytest.raises(jtile.ConfigError, match="reaches outside its buffer of shape"):
+        kernels.matmul(buffer, jnp.ones((3, 2)), dn, a_view=Strided(20, (2, 3), (6, 1)))
+    scattered = Strided(0, (2, 3), (12, 2))  # neither rows nor K contiguous
+    assert not kernels.matmul_reads_in_place(scattered, (), (1,))
+    with pytest.raises(jtile.ConfigError, match="cannot be read in place"):
+        kernels.matmul(buffer, jnp.ones((3, 2)), dn, a_view=scattered)
 
 
 def test_matmul_rejects_mismatched_and_empty_products():
@@ -686,7 +718,7 @@ def test_conv_max_pool_refuses_what_it_cannot_fuse(algorithm, groups, extra, mes
 # + bias), as it packs x (DenseNet's batch norm and ReLU before each 1x1 conv).
 @pytest.mark.parametrize("n, c, o, size, activation", [
     (1, 40, 24, 7, "relu"),      # 49 pixels: a ragged strip of columns
-    (2, 300, 16, 9, None),       # two images, K past one K block
+    (2, 1100, 16, 9, None),      # two images, K past one K block
     (1, 24, 40, 12, "relu6"),
 ])
 def test_pointwise_conv_applies_its_prologue(n, c, o, size, activation):

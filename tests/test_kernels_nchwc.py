@@ -51,18 +51,18 @@ def test_blocking_round_trips_and_puts_a_positions_channels_together(lanes):
 
 
 # smm in pixel rows: the 1x1 expansion writes y blocked, the projection reads
-# x blocked (two K blocks at 576 channels), both at once with a blocked residual.
+# x blocked (two K blocks at 1152 channels), both at once with a blocked residual.
 # Channels in W lanes: 4.5 is a half-filled last block (72 of 80 with AVX-512).
 @pytest.mark.parametrize("blocks_in, o_blocks, size, window, activation, residual", [
     (0, 9, 20, 1, "relu6", False),       # expansion 24 -> 144, output blocked
     (9, None, 20, 1, None, True),        # projection 144 -> 24 with the block's residual
-    (36, None, 7, 1, None, False),       # 576 -> 24: K over two blocks of 256
+    (72, None, 7, 1, None, False),       # 1152 -> 24: K over two blocks of 576
     (2, 3, 9, 1, "hard_swish", True),    # both blocked, residual blocked
     (0, 4, 11, 3, "relu", False),        # a padded 3x3 (im2col) writing a blocked y
     (1, None, 13, 1, "sigmoid", False),  # ragged strips: 169 pixels
     (0, 4.5, 10, 1, "sigmoid", False),   # a partial last output block: its padding lanes zero
     (4.5, 2.5, 9, 1, "relu", True),      # partial blocks in and out, residual blocked
-    (16.5, None, 5, 1, None, False),     # 264 channels: K over two blocks, the second partial
+    (64.5, None, 5, 1, None, False),     # 1032 channels: K over two blocks, the second partial
 ])
 def test_smm_takes_and_gives_blocked_activations(lanes, blocks_in, o_blocks, size, window, activation, residual):
     rng = np.random.default_rng(1)

@@ -8,6 +8,8 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+import jax
+
 import jtile.onnx
 
 
@@ -234,3 +236,17 @@ def test_resize_imports_as_one_fused_op_with_a_layer_and_macs():
     assert layer.kind == "resize" and layer.name == "n0" and layer.out_shape == (1, 3, 8, 10)
     macs, uncounted = eqn_macs(eqn)
     assert macs == {"elementwise": 1 * 3 * 8 * 10 * 2 * 2} and not uncounted
+
+
+@pytest.mark.parametrize("index", [0, 2, -1])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_gather_of_one_constant_index_is_a_static_slice(index, axis):
+    """A scalar constant index (torch's `qkv[1]`) lowers to a slice, which
+    kernels can read through in place; a gather could not be."""
+    rng = np.random.default_rng(6)
+    data = _normal(rng, (3, 4, 5))
+    model = _node_model("Gather", {"data": data}, static={"i": np.array(index, np.int64)}, axis=axis)
+    _check(model, {"data": data})
+    loaded = jtile.onnx.load(_typed(model, ReferenceEvaluator(model).run(None, {"data": data})))
+    prims = {e.primitive.name for e in jax.make_jaxpr(loaded.fn)(loaded.params, data).jaxpr.eqns}
+    assert "gather" not in prims and "slice" in prims

@@ -11,6 +11,7 @@ must be static; the registry marks them.
 import math
 
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 
 from .._proto import np_dtype, require_x64
@@ -249,6 +250,8 @@ def gather(node, x, indices):
         if indices.size and (indices.min() < -dim or indices.max() >= dim):
             raise node.fail(f"indices out of range [{-dim}, {dim}) on axis {axis}")
         indices = np.where(indices < 0, indices + dim, indices)
+        if indices.ndim == 0 and not isinstance(x, np.ndarray):  # a static slice, not a gather
+            return lax.index_in_dim(x, int(indices), axis, keepdims=False)
     else:
         indices = jnp.where(indices < 0, indices + dim, indices)
     return xp(x, indices).take(x, indices, axis=axis)
