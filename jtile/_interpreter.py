@@ -196,9 +196,14 @@ def on_host(x):
 
 
 def to_device(x):
-    """A numpy array made from `on_host` values as a jax array (`jnp.asarray`
-    would compile a copy per shape); anything else as is."""
-    return jax.device_put(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x
+    """A numpy array made from `on_host` values as a known jax array, even under
+    `jit` (where a bare `device_put` is traced, and the kernels would take the
+    value as unknown: a constant bias passed in full, a weight left unpacked);
+    `jnp.asarray` would compile a copy per shape. Anything else as is."""
+    if not isinstance(x, np.ndarray):
+        return x
+    with jax.ensure_compile_time_eval():
+        return jax.device_put(np.ascontiguousarray(x))
 
 
 _SHARED: "weakref.WeakValueDictionary[tuple, jax.Array]" = weakref.WeakValueDictionary()

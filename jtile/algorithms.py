@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import jax.extend.core as jcore
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from . import _algorithm_kinds as kinds
@@ -47,7 +48,7 @@ from ._conv_prologue import Prologue, find_prologues
 from ._expanded_depthwise import find_expansions
 from ._errors import ConfigError, UnsupportedError, reject_positional, reject_unknown
 from ._graph import Graph
-from ._interpreter import bind, transform
+from ._interpreter import bind, on_host, transform
 from ._layers import Layer
 from ._nchwc import Blocked, find_blocked
 from ._pool_before_conv import find_pools_first
@@ -383,9 +384,10 @@ def _prologue(eqn, prologue: Prologue, operands: dict) -> tuple:
     `(C,)`, from the chain's per-channel operands (identities for missing steps)."""
     channels = eqn.invars[0].aval.shape[1]
 
-    def per_channel(role: str, identity: float):
-        value = jnp.asarray(operands.get(role, identity), jnp.float32)
-        return jnp.broadcast_to(value, (1, channels, 1, 1)).reshape(channels)
+    def per_channel(role: str, identity: float):  # known values in numpy, stacked at trace time
+        value = on_host(operands.get(role, np.float32(identity)))
+        xp = np if isinstance(value, np.ndarray | np.generic) else jnp
+        return xp.broadcast_to(xp.asarray(value, np.float32), (1, channels, 1, 1)).reshape(channels)
 
     return per_channel("sub", 0.0), per_channel("mul", 1.0), per_channel("add", 0.0), prologue.activation
 

@@ -39,7 +39,8 @@ ffi::Error ConvDirect(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer 
       wpk[((g * nob + ob) * taps + t) * OB + j] = ws[o * taps + t];
   }
 
-  const float* bias = b.typed_data();
+  const Bias bias_of(b, s.o);
+  const float* bias = bias_of.data();
   float* ys = y->typed_data();
   parallel_for(pool, s.n * s.groups * nob * s.oh, [&](int64_t task) {
     const int64_t oh = task % s.oh, ob = task / s.oh % nob, g = task / s.oh / nob % s.groups,

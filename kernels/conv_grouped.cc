@@ -210,13 +210,14 @@ ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer
   if (has_residual && (int64_t)res.element_count() != conv_output_size(s))
     return ffi::Error::InvalidArgument("jtile grouped: the residual must be empty or have the output's shape");
   if (s.n * s.o * s.oh * s.ow == 0) return ffi::Error::Success();
+  const Bias bias_of(b, s.o);
   if (narrow) {
-    conv_channel_blocks(pool, s, x.typed_data(), w.typed_data(), b.typed_data(), ep,
+    conv_channel_blocks(pool, s, x.typed_data(), w.typed_data(), bias_of.data(), ep,
                         has_residual ? res.typed_data() : nullptr, conv_output(s, y, channel0));
     return ffi::Error::Success();
   }
   const RowsFn compute_pair = pick_b<2>(p.b), compute_one = pick_b<1>(p.b);
-  const float *xs = x.typed_data(), *ws = w.typed_data(), *bias = b.typed_data();
+  const float *xs = x.typed_data(), *ws = w.typed_data(), *bias = bias_of.data();
   const float* rs = has_residual ? res.typed_data() : nullptr;
   float* ys = conv_output(s, y, channel0);
   const int64_t plane = p.ph * p.pw, units = p.units, half = p.band * p.owp * W;

@@ -222,10 +222,11 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, 
   // GEMM i: group i / images, and image i % images in channel rows (pixel
   // rows take the whole batch at once).
   const int64_t images = pixel_rows ? 1 : s.n, count = s.groups * images;
+  const Bias bias_of(b, s.o);
   auto run = [&](int64_t i, bool serial) {
     const int64_t g = i / images, n = i % images;
     const Prepacked wg(w.typed_data() + g * wd[1] * taps * r, taps, r);
-    const float* bias = b.typed_data() + g * og;
+    const float* bias = bias_of.data() + g * og;
     float* yg = conv_output(s, y, channel0) + g * og * pixels;
     const float* rg = has_residual ? res.typed_data() + g * og * pixels : nullptr;
     if (pixel_rows) {

@@ -137,18 +137,19 @@ ffi::Error Dense(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, in
   auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
   const int64_t wk = transpose_w ? 1 : 0;
   const bool shapes = xd.size() == 2 && yd.size() == 2 && yd[0] == xd[0] &&
-                      (int64_t)b.element_count() == yd[1] &&
+                      Bias::fits(b, yd[1]) &&
                       (packed ? wd.size() == 4 && wd[0] == 1 && wd[1] == ceil_div(yd[1], GEMM_NR) &&
                                     wd[2] == xd[1] && wd[3] == GEMM_NR
                               : wd.size() == 2 && xd[1] == wd[wk] && yd[1] == wd[1 - wk]);
   if (!shapes)
     return ffi::Error::InvalidArgument(
-        "jtile dense: expected x (M, K), w (K, N), (N, K) or packed (1, strips, K, NR), b (N,), y (M, N)");
+        "jtile dense: expected x (M, K), w (K, N), (N, K) or packed (1, strips, K, NR), b (N,) or (1,), y (M, N)");
   Epilogue ep;
   if (auto e = make_epilogue(act, alpha, lo, hi, &ep); e.failure()) return e;
   const int64_t m = xd[0], k = xd[1], n = yd[1];
   if (m == 0 || n == 0) return ffi::Error::Success();
-  const float *xs = x.typed_data(), *ws = w.typed_data(), *bs = b.typed_data();
+  const Bias bias(b, n);
+  const float *xs = x.typed_data(), *ws = w.typed_data(), *bs = bias.data();
   float* ys = y->typed_data();
   if (packed)
     gemm(pool, m, n, k, Rows(xs, k), Prepacked(ws, k, GEMM_NR), GemmOutput{ys, n, nullptr, bs, ep});

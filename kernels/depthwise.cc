@@ -198,10 +198,11 @@ ffi::Error ConvDepthwise(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buff
   if ((layouts.x || layouts.y) && s.o != s.c)
     return ffi::Error::InvalidArgument("jtile depthwise: NCHWc x or y needs one output channel per input channel");
   if (s.n * s.o * s.oh * s.ow == 0) return ffi::Error::Success();
+  const Bias bias(b, s.o);
   if (planes_pay(s) && !layouts.x && !layouts.y)
-    conv_planes(pool, s, x.typed_data(), w.typed_data(), b.typed_data(), ep, y->typed_data());
+    conv_planes(pool, s, x.typed_data(), w.typed_data(), bias.data(), ep, y->typed_data());
   else
-    conv_channel_blocks(pool, s, x.typed_data(), w.typed_data(), b.typed_data(), ep, nullptr, y->typed_data(),
+    conv_channel_blocks(pool, s, x.typed_data(), w.typed_data(), bias.data(), ep, nullptr, y->typed_data(),
                         layouts);
   return ffi::Error::Success();
 }
@@ -215,13 +216,14 @@ ffi::Error ConvExpandedDepthwise(ffi::ThreadPool pool, F32Buffer x, F32Buffer w,
                                  F32Buffer we, F32Buffer be, int64_t expand_act, float expand_alpha,
                                  float expand_lo, float expand_hi, int64_t y_nchwc, F32Result y) {
   const auto xd = x.dimensions(), ed = we.dimensions(), wd = w.dimensions();
-  if (xd.size() != 4 || ed.size() != 2 || wd.size() != 4 || ed[1] != xd[1] || (int64_t)be.element_count() != ed[0])
+  if (xd.size() != 4 || ed.size() != 2 || wd.size() != 4 || ed[1] != xd[1] || !Bias::fits(be, ed[0]))
     return ffi::Error::InvalidArgument(
-        "jtile expanded depthwise: expected x (N, c, H, W), an expansion weight (C, c) and bias (C,)");
+        "jtile expanded depthwise: expected x (N, c, H, W), an expansion weight (C, c) and bias (C,) or (1,)");
   // The depthwise conv's geometry, as if x were the expansion's output.
   const int64_t expanded[4] = {xd[0], ed[0], xd[2], xd[3]}, weight[4] = {wd[0], wd[1], wd[2], wd[3]};
   ConvShape s;
-  Expansion e{we.typed_data(), be.typed_data(), xd[1], {}};
+  const Bias expand_bias(be, ed[0]);
+  Expansion e{we.typed_data(), expand_bias.data(), xd[1], {}};
   Epilogue ep;
   const Layouts layouts{false, y_nchwc != 0};
   if (auto err = decode_conv(ffi::Span<const int64_t>(expanded, 4), weight, b, attr, y, act, alpha, lo, hi, &s, &ep,
@@ -232,7 +234,8 @@ ffi::Error ConvExpandedDepthwise(ffi::ThreadPool pool, F32Buffer x, F32Buffer w,
   if (s.groups != s.c || s.cg != 1 || s.o != s.c)
     return ffi::Error::InvalidArgument("jtile expanded depthwise: needs one output channel per input channel");
   if (s.n * s.o * s.oh * s.ow == 0) return ffi::Error::Success();
-  conv_channel_blocks(pool, s, x.typed_data(), w.typed_data(), b.typed_data(), ep, nullptr, y->typed_data(),
+  const Bias bias(b, s.o);
+  conv_channel_blocks(pool, s, x.typed_data(), w.typed_data(), bias.data(), ep, nullptr, y->typed_data(),
                       layouts, &e);
   return ffi::Error::Success();
 }

@@ -415,7 +415,8 @@ ffi::Error ConvWinograd(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffe
   p.by_block = p.blocks >= 4 * workers || s.c == 0;  // (no input channels: y = act(bias))
   if (r.element_count() != 0 && (int64_t)r.element_count() != conv_output_size(s))
     return ffi::Error::InvalidArgument("jtile winograd: the residual must be empty or have the output's shape");
-  const float *xs = x.typed_data(), *ws = w.typed_data(), *bias = b.typed_data();
+  const Bias bias_of(b, s.o);
+  const float *xs = x.typed_data(), *ws = w.typed_data(), *bias = bias_of.data();
   p.x = xs, p.w = ws;
   const float* res = r.element_count() ? r.typed_data() : nullptr;
   float* ys = conv_output(s, y, channel0);

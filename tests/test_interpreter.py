@@ -5,7 +5,7 @@ import pytest
 from jax import lax
 
 import jtile
-from jtile._interpreter import eval_jaxpr, iter_eqns, make_jaxpr, rewrite, scan_layout, transform
+from jtile._interpreter import eval_jaxpr, is_known, iter_eqns, make_jaxpr, rewrite, scan_layout, to_device, transform
 
 SIN_TO_COS = {"sin": lambda eqn, x: jnp.cos(x)}
 
@@ -102,3 +102,19 @@ def test_named_scopes_survive_the_interpreter():
 def test_non_callable_is_rejected():
     with pytest.raises(jtile.ConfigError, match="expected a function"):
         transform(3, "test", lambda closed: {})
+
+
+def test_to_device_stays_known_under_jit():
+    """A weight or bias rearranged in numpy at trace time is a known array, even
+    inside `jit` (a bare `device_put` there is traced, and the kernels would
+    treat the value as unknown)."""
+    seen = []
+
+    @jax.jit
+    def f(x):
+        w = to_device(np.arange(3, dtype=np.float32))
+        seen.append(is_known(w))
+        return x + w
+
+    np.testing.assert_array_equal(f(np.ones(3, np.float32)), [1, 2, 3])
+    assert seen == [True]

@@ -779,3 +779,47 @@ def test_conv_prologue_refuses_what_it_cannot_apply(algorithm, w_shape, groups, 
     prologue = prologue or (np.zeros(8, np.float32), np.ones(8, np.float32), np.zeros(8, np.float32), "relu")
     with pytest.raises(jtile.ConfigError, match=message):
         kernels.conv2d(x, w, algorithm=algorithm, groups=groups, prologue=prologue)
+
+
+def _bias_operands(fn, *args) -> list[tuple[int, ...]]:
+    """The shape of every kernel call's bias operand (its third), as traced."""
+    return [e.invars[2].aval.shape for e in iter_eqns(jax.make_jaxpr(fn)(*args).jaxpr)
+            if e.primitive.name == "ffi_call"]
+
+
+@pytest.mark.parametrize("algorithm, x_shape, w_shape, groups", [
+    ("direct", (1, 4, 9, 9), (6, 4, 3, 3), 1),
+    ("smm", (2, 8, 9, 9), (24, 8, 3, 3), 1),
+    ("grouped", (1, 32, 9, 9), (32, 4, 3, 3), 8),
+    ("winograd", (1, 16, 12, 12), (16, 16, 3, 3), 1),
+    ("depthwise", (1, 16, 10, 10), (16, 1, 3, 3), 16),
+])
+@pytest.mark.parametrize("bias", ["none", "constant", "varied"])
+def test_a_constant_bias_reaches_the_kernel_as_one_float(algorithm, x_shape, w_shape, groups, bias):
+    """A missing bias, or one known to repeat a value, is passed as one float
+    (XLA would broadcast a constant of equal floats on every call); the
+    result is the reference's either way."""
+    rng = np.random.default_rng(7)
+    x, w = _normal(rng, x_shape), _normal(rng, w_shape) * 0.2
+    b = {"none": None, "constant": np.full(w_shape[0], -0.75, np.float32), "varied": _normal(rng, w_shape[0])}[bias]
+    kw = dict(groups=groups, padding=((1, 1), (1, 1)), activation="relu")
+    f = jax.jit(lambda x: kernels.conv2d(x, w, b, algorithm=algorithm, **kw))
+    assert _bias_operands(f, x) == [(1,) if bias != "varied" else (w_shape[0],)]
+    np.testing.assert_allclose(f(x), kernels.conv2d_reference(x, w, b, **kw), **TOL)
+
+
+@pytest.mark.parametrize("rows", [1, 40])
+def test_dense_and_expanded_take_a_constant_bias_as_one_float(rows):
+    rng = np.random.default_rng(8)
+    x, w, b = _normal(rng, (rows, 24)), _normal(rng, (24, 40)), np.full(40, 0.5, np.float32)
+    f = jax.jit(lambda x: kernels.dense(x, w, b, activation="relu"))
+    assert _bias_operands(f, x) == [(1,)]
+    np.testing.assert_allclose(f(x), kernels.dense_reference(x, w, b, activation="relu"), **TOL)
+    xe, we, wd = _normal(rng, (1, 8, 10, 10)), _normal(rng, (32, 8, 1, 1)), _normal(rng, (32, 1, 3, 3))
+    g = jax.jit(lambda x: kernels.expanded_depthwise_conv2d(x, we, np.full(32, 0.25, np.float32), wd, None,
+                                                            padding=((1, 1), (1, 1)), expand_activation="relu6"))
+    call = [e for e in iter_eqns(jax.make_jaxpr(g)(xe).jaxpr) if e.primitive.name == "ffi_call"][0]
+    assert [call.invars[i].aval.shape for i in (2, 4)] == [(1,), (1,)]  # b, expand_b
+    e = kernels.conv2d_reference(xe, we, np.full(32, 0.25, np.float32), activation="relu6")
+    np.testing.assert_allclose(g(xe), kernels.conv2d_reference(e, wd, padding=((1, 1), (1, 1)), groups=32),
+                               rtol=2e-4, atol=2e-4)
