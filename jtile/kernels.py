@@ -1229,10 +1229,14 @@ def dense_reference(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
 # rather than run the GEMM on it packed: a known (folded) weight is packed once,
 # at trace time; a traced one would be packed on every call. Measured, fc
 # 9216->4096 (x @ W.T): at 8 rows, 6.3 ms packed at trace time, 12.2 ms in
-# place, 39.7 ms packed per call; at 1 row in place wins inside AlexNet (13.7
-# against 15.8 ms a batch: the GEMM's 7-row register tile computes 6 rows of
-# zeros).
-GEMV_ROWS = {"known": 8, "traced": 17}
+# place, 39.7 ms packed per call. Since the GEMM computes only the rows a tile
+# keeps, a known weight is packed even for one row: alone on the Zen 5, hot,
+# kernel us packed against in place, 1280->1000 44 / 58, 960->1280 45 / 63,
+# 960->240 8 / 19, 2048->1000 98 / 103, 9216->4096 2881 / 3221; in one process,
+# alternated (30 rounds, best ms) AlexNet 8.09 / 8.69, MobileNetV2 2.38 / 2.43,
+# MobileNetV3 3.59 / 3.63 (medians 4.04 / 4.28), EfficientNet-B0 and
+# ResNet-50 level.
+GEMV_ROWS = {"known": 1, "traced": 17}
 
 
 def dense(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,

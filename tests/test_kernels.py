@@ -242,8 +242,9 @@ def test_activation_reference_is_what_jax_nn_computes():
 
 
 # In-place matrix-vector paths (traced w, few rows), and the packed GEMM over
-# several M chunks and K blocks (known w, or many rows).
-@pytest.mark.parametrize("m, traced", [(1, False), (5, True), (16, True), (8, False), (200, True), (200, False)])
+# several M chunks and K blocks (known w, even for one row, or many rows).
+@pytest.mark.parametrize("m, traced", [(1, False), (1, True), (5, True), (16, True), (8, False), (200, True),
+                                       (200, False)])
 @pytest.mark.parametrize("transpose_w", [False, True])
 def test_dense_large_blocks_match_reference(m, traced, transpose_w):
     rng = np.random.default_rng(2)
