@@ -351,8 +351,9 @@ def _conv_preference(eqn, layer: Layer) -> tuple[str, ...]:
     padding; im2col +
     GEMM on packed weights on every other conv: stems 1.4-7x, strided 3x3
     1.2-2x, 3x3 at 7x7 1.8x, 1x1 1.1-5x; but 1x1 convs over a 1x1 image
-    (squeeze-excitation) on the dense kernel's matrix-vector path, where im2col
-    + GEMM fills one row of its tile (240->960: 23 against 120 us, XLA 23).
+    (squeeze-excitation) on the dense kernel, whose GEMM computes only the
+    rows a tile keeps (240->960: 23 against 120 us by im2col, XLA 23; on the
+    weight packed at trace time, 6 us alone).
     Grouped convs (not depthwise): `grouped` on every 3x3 layer of
     RegNetY-400MF (groups of 8 channels) and ResNeXt-50 32x4d (groups of 4 to
     32), 1.1-2.8x the faster of `smm` (one group's GEMM per task) and

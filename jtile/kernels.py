@@ -1245,10 +1245,10 @@ def dense(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
     """`act(x @ w + b)` by the C kernel: x `(M, K)`, w `(K, N)`, b `(N,)` or None.
 
     With `transpose_w`, w is `(N, K)` (PyTorch's Linear layout) and the kernel
-    computes `x @ w.T` without transposing w. Few rows (see `GEMV_ROWS`)
-    take a matrix-vector path that streams w once, in place; more rows a
-    register-blocked GEMM on w packed in `jnp`, once at trace time if w is a
-    known (folded) constant.
+    computes `x @ w.T` without transposing w. A known (folded) w is packed
+    once, at trace time, for the register-blocked GEMM, whatever the rows; a
+    traced w is streamed in place by a matrix-vector path for few rows (see
+    `GEMV_ROWS`), packed in `jnp` on every call for more.
     """
     _check_activation("dense", activation)
     _require_float32("dense", x=x, w=w, b=b)
