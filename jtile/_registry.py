@@ -13,9 +13,9 @@ facets, each optional:
 - `stripes`: how `shard_spatial` cuts a windowed op (a conv, a pool) into
   stripes along a spatial axis: layouts, padding, fill and global reduction;
 - `onnx(graph, eqn, *inputs)`: the ONNX emitter `jtile.onnx.export` calls;
-- `view(eqn) -> ViewStep | None`: for a layout op (a transpose, reshape,
-  slice, or a multiplication by one number), how its output reads an operand
-  in place (`jtile._views`), so a kernel can read through it;
+- `view(eqn, out) -> ViewStep | None`: for a layout op (a transpose, reshape,
+  slice, split, or a multiplication by one number), how its output `out`
+  reads an operand in place (`jtile._views`), so a kernel can read through it;
 - `weights`, `activations`: operand positions read as weights (a conv
   kernel, a fused bias) and as activations, from which `jtile.Graph` tells
   parameters from inputs.

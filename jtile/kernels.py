@@ -1380,7 +1380,7 @@ def matmul(a: jax.Array, c: jax.Array, dimension_numbers: DimensionNumbers, *,
                           f"numbers {dn}: {error}") from None
     a_shape, c_shape = jnp.shape(a_read), jnp.shape(c_read)
     dims = [math.prod(a_shape[ax] for ax in a_batch),
-            *(math.prod(n for ax, n in enumerate(shape) if ax not in (*batch, *contract))
+            *(math.prod(shape[ax] for ax in _free_axes(len(shape), batch, contract))
               for shape, batch, contract in ((a_shape, a_batch, a_contract), (c_shape, c_batch, c_contract))),
             math.prod(a_shape[ax] for ax in a_contract)]
     if min(dims) == 0:

@@ -11,17 +11,21 @@ from hypothesis import strategies as st
 from jax import lax
 
 from jtile._graph import Graph
+from jtile._interpreter import bind, eval_jaxpr
 from jtile._views import Strided, strided_source
 
 
 def _values(closed, x) -> dict:
-    """Every variable of a flat jaxpr of one input, evaluated op by op."""
+    """Every variable of the jaxpr, evaluated by the interpreter with an
+    observing default rule."""
     env = {closed.jaxpr.invars[0]: np.asarray(x), **dict(zip(closed.jaxpr.constvars, closed.consts))}
-    for eqn in closed.jaxpr.eqns:
-        ins = [v.val if hasattr(v, "val") else env[v] for v in eqn.invars]
-        outs = eqn.primitive.bind(*ins, **eqn.params)
-        for var, out in zip(eqn.outvars, outs if eqn.primitive.multiple_results else [outs]):
-            env[var] = np.asarray(out)
+
+    def observe(eqn, *invals):
+        out = bind(eqn, *invals)
+        env.update((var, np.asarray(value)) for var, value in zip(eqn.outvars, out))
+        return out if eqn.primitive.multiple_results else out[0]
+
+    eval_jaxpr(closed.jaxpr, closed.consts, x, rules={}, default=observe)
     return env
 
 
