@@ -1033,23 +1033,55 @@ def vector_lanes() -> int:
 
 
 def _grouped_prepare(spec: ConvSpec, w: jax.Array) -> tuple[jax.Array, dict]:
-    """`w` packed per group in blocks of W output channels, or OIHW when vectors
+    """`w` packed per group in blocks of W output channels; OIHW when vectors
     span several groups: at stride 1 with at most W / 4 output channels a group,
-    where that measured 1.4x (ResNeXt-50's 32 groups of 4 at 56x56); with 8 it
-    was even, and at stride 2 up to 3x slower (it transposes every input column)."""
-    span_groups = _spans_groups(spec)
-    return w if span_groups else pack_gemm_weight(w, spec.groups, vector_lanes()), dict(
-        kernel=np.array([spec.w_shape[0], *spec.w_shape[2:]], np.int64), span_groups=np.int64(span_groups))
+    where that measured 1.4x (ResNeXt-50's 32 groups of 4 at 56x56; at stride 2
+    it was up to 3x slower, as it transposes every input column); or packed
+    several groups a vector where their outputs divide W (RegNet's 8)."""
+    span_groups, per_vector = _spans_groups(spec), _groups_per_vector(spec)
+    if span_groups:
+        packed = w
+    elif per_vector > 1:
+        packed = pack_group_lanes(w, spec.groups, per_vector)
+    else:
+        packed = pack_gemm_weight(w, spec.groups, vector_lanes())
+    return packed, dict(kernel=np.array([spec.w_shape[0], *spec.w_shape[2:]], np.int64),
+                        span_groups=np.int64(span_groups), groups_per_vector=np.int64(per_vector))
 
 
 def _spans_groups(spec: ConvSpec) -> bool:
-    return spec.w_shape[0] // spec.groups * 4 <= vector_lanes() and spec.stride[1] == 1
+    return (spec.w_shape[0] // spec.groups * 4 <= vector_lanes() and spec.stride[1] == 1
+            and _groups_per_vector(spec) == 1)
+
+
+def _groups_per_vector(spec: ConvSpec) -> int:
+    """How many groups one vector of the `grouped` kernel holds: W / their output
+    channels where that is 2, 4 or 8, else 1. Against one group a vector
+    (alone, AVX-512) it measured 1.1-2.1x on RegNet-Y-400MF's groups of 8 and
+    ResNeXt's of 4 to 8, and against vectors spanning groups 1.4-1.7x on groups
+    of 4 at stride 1, even on groups of 2."""
+    per_group, lanes = spec.w_shape[0] // spec.groups, vector_lanes()
+    if spec.groups == 1 or lanes % per_group or lanes // per_group not in (2, 4, 8):
+        return 1
+    return lanes // per_group
+
+
+def pack_group_lanes(w: jax.Array, groups: int, per_vector: int) -> jax.Array:
+    """OIHW `w` as `grouped`'s operand `(groups / per_vector, 1, K, W)` with
+    `per_vector` groups a vector: channel c of the pack's group i in lane
+    `c * per_vector + i`, zeros for the groups past the last."""
+    w = on_host(w)
+    xp = np if isinstance(w, np.ndarray) else jnp
+    packs = -(-groups // per_vector)
+    per_group = xp.pad(w.reshape(groups, w.shape[0] // groups, -1), ((0, packs * per_vector - groups), (0, 0), (0, 0)))
+    lanes = per_group.reshape(packs, per_vector, w.shape[0] // groups, -1).transpose(0, 3, 2, 1)
+    return to_device(lanes.reshape(packs, 1, lanes.shape[1], -1))
 
 
 def _grouped_max_pool(spec: ConvSpec) -> str | None:
-    if _spans_groups(spec):
-        return (f"its groups of {spec.w_shape[0] // spec.groups} output channels at stride 1 run on vectors "
-                "spanning groups, which do not pool")
+    if _spans_groups(spec) or _groups_per_vector(spec) > 1:
+        return (f"its groups of {spec.w_shape[0] // spec.groups} output channels run on vectors holding several "
+                "groups, which do not pool")
     return None
 
 

@@ -188,6 +188,49 @@ inline float vfirst(V x) { return x.v[0]; }
 #undef JTILE_LANES
 #endif
 
+// Two floats as the bits of one double, to broadcast as a pair.
+inline double load_pair(const float* p) {
+  double pair;
+  std::memcpy(&pair, p, sizeof(pair));
+  return pair;
+}
+
+// Lane l is p[l % G]: G consecutive floats repeated across the vector (the
+// grouped conv's broadcast when a vector holds G groups' channels).
+template <int G>
+inline V vbroadcast_lanes(const float* p) {
+  static_assert(G >= 1 && W % G == 0, "G must divide the vector width");
+  if constexpr (G == 1) return vset1(*p);
+#if defined(__AVX512F__)
+  else if constexpr (G == 2) return {_mm512_castpd_ps(_mm512_set1_pd(load_pair(p)))};
+  else if constexpr (G == 4) return {_mm512_broadcast_f32x4(_mm_loadu_ps(p))};
+  else return {_mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd(reinterpret_cast<const double*>(p))))};
+#elif defined(__AVX2__) && defined(__FMA__)
+  else if constexpr (G == 2) return {_mm256_castpd_ps(_mm256_set1_pd(load_pair(p)))};
+  else if constexpr (G == 4) return {_mm256_castpd_ps(_mm256_broadcast_pd(reinterpret_cast<const __m128d*>(p)))};
+  else return vload(p);
+#else
+  else {
+    V r;
+    for (int i = 0; i < W; ++i) r.v[i] = p[i % G];
+    return r;
+  }
+#endif
+}
+
+// Lane l is x's lane idx[l].
+inline V vpermute(V x, const int32_t* idx) {
+#if defined(__AVX512F__)
+  return {_mm512_permutexvar_ps(_mm512_loadu_si512(idx), x.v)};
+#elif defined(__AVX2__) && defined(__FMA__)
+  return {_mm256_permutevar8x32_ps(x.v, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx)))};
+#else
+  V r;
+  for (int i = 0; i < W; ++i) r.v[i] = x.v[idx[i]];
+  return r;
+#endif
+}
+
 // ---------------------------------------------------------------------------
 // parallel_for(pool, n, fn): call fn(i) (or fn(i, worker)) for i in [0, n) on
 // the calling thread (worker 0) and up to pool.num_threads() - 1 helpers

@@ -7,7 +7,12 @@
 // With `span_groups` (jtile.kernels picks it for stride-1 convs whose groups
 // have at most W / 4 output channels, ResNeXt's first stage), the weights are
 // OIHW and the conv runs on vectors of W consecutive output channels spanning
-// several groups (kernels/channel_blocks.cc). Otherwise the weights are packed
+// several groups (kernels/channel_blocks.cc). With `groups_per_vector` gp > 1
+// (groups of W / gp output channels, RegNet's 8 with AVX-512), one vector
+// holds gp groups, channel c of group i in lane c * gp + i: the weights are
+// packed so, the task's input rows interleave the gp groups' channels, and
+// each tap broadcasts gp input values at once (vbroadcast_lanes), so no lane
+// idles where a group has fewer than W outputs. Otherwise the weights are packed
 // ahead of time as [group][block of W output channels][c][ky][kx][W]
 // (jtile.kernels.pack_gemm_weight with W rows), and a task takes two blocks
 // of W output channels of one group (one, the last, where a group has an odd
@@ -45,7 +50,10 @@ constexpr int64_t kSharedInputBytes = int64_t(1) << 20;
 
 struct Grouped {
   ConvShape s;
-  int64_t blocks;   // blocks of W output channels per group
+  int gp;           // groups a vector holds (W / their output channels), or 1: one group's channels
+  int64_t packs;    // vectors' worth of groups: groups / gp, rounded up
+  alignas(64) int32_t lanes_in_order[W];  // gp > 1: the vector lane holding output channel l of a pack
+  int64_t blocks;   // blocks of W output channels per pack
   int nv;           // blocks per task: 2 where a group has two or more (its last task may take 1)
   int64_t units;    // tasks' worth of blocks per group
   int b;            // output columns per register block
@@ -68,13 +76,16 @@ struct Grouped {
   int64_t in_rows(int64_t out_rows) const { return (out_rows - 1) * s.sh + (s.kh - 1) * s.dh + 1; }
 };
 
-Grouped make_grouped(const ConvShape& s, const FusedPool& pool, int threads) {
+Grouped make_grouped(const ConvShape& s, const FusedPool& pool, int gp, int threads) {
   Grouped p;
   p.s = s;
+  p.gp = gp;
+  p.packs = ceil_div(s.groups, gp);
+  for (int l = 0; l < W; ++l) p.lanes_in_order[l] = gp > 1 ? (int32_t)(l % s.og() * gp + l / s.og()) : l;
   p.pool = pool;
   p.ph = pool.out_h(s.oh);
   p.pw = pool.out_w(s.ow);
-  p.blocks = ceil_div(s.og(), W);
+  p.blocks = ceil_div(s.og() * gp, W);
   p.nv = p.blocks >= 2 ? 2 : 1;
   p.units = ceil_div(p.blocks, p.nv);
   p.b = register_block(s.ow);
@@ -82,16 +93,16 @@ Grouped make_grouped(const ConvShape& s, const FusedPool& pool, int threads) {
   p.cols = std::max((p.owp - 1) * s.sw + (s.kw - 1) * s.dw + 1, s.pl + s.w);
   // Bands: enough tasks to balance the workers, input rows that stay in L2
   // (about 128 KB), at least 4 output rows a band where the plane allows.
-  const int64_t by_size = std::max<int64_t>(1, (int64_t(32) << 10) / (s.cg * p.cols * s.sh));
-  const int64_t by_tasks = ceil_div(s.oh * s.n * s.groups * p.units, 4 * int64_t(threads));
+  const int64_t by_size = std::max<int64_t>(1, (int64_t(32) << 10) / (s.cg * gp * p.cols * s.sh));
+  const int64_t by_tasks = ceil_div(s.oh * s.n * p.packs * p.units, 4 * int64_t(threads));
   p.band = std::clamp<int64_t>(std::min(by_size, std::max<int64_t>(by_tasks, 4)), 1, s.oh);
   p.rows = p.band;
-  if (pool.active()) {  // as many pooled rows as fit in about that many conv rows
+  if (pool.active())  // as many pooled rows as fit in about that many conv rows
     p.rows = std::clamp<int64_t>((p.band - pool.kh) / pool.sh + 1, 1, std::max<int64_t>(p.ph, 1));
-    p.band = (p.rows - 1) * pool.sh + pool.kh;
-  }
   p.bands = ceil_div(p.ph, p.rows);
-  p.shared = p.units > 1 && s.n * s.c * p.in_rows(s.oh) * p.cols * int64_t(sizeof(float)) <= kSharedInputBytes;
+  if (p.bands > 0) p.rows = ceil_div(p.ph, p.bands);  // bands of even height
+  p.band = pool.active() ? (p.rows - 1) * pool.sh + pool.kh : p.rows;
+  p.shared = gp == 1 && p.units > 1 && s.n * s.c * p.in_rows(s.oh) * p.cols * int64_t(sizeof(float)) <= kSharedInputBytes;
   return p;
 }
 
@@ -115,11 +126,39 @@ void load_rows(const Grouped& p, const float* x, int64_t oy0, int64_t oy1, int64
     }
 }
 
+// load_rows for a vector of GP groups, `present` of them (x at the first
+// one's first channel), interleaved as the broadcasts read them:
+// buf[((c * rows + r) * cols + j) * GP + i] = padded channel c of group i
+// (zero for absent groups).
+template <int GP>
+void load_packed_rows(const Grouped& p, const float* x, int64_t oy0, int64_t oy1, int64_t present, float* buf) {
+  const ConvShape& s = p.s;
+  const int64_t rows = p.in_rows(oy1 - oy0), first = oy0 * s.sh - s.pt;
+  std::memset(buf, 0, s.cg * rows * p.cols * GP * sizeof(float));
+  for (int64_t c = 0; c < s.cg; ++c)
+    for (int64_t r = std::max<int64_t>(0, -first); r < std::min(rows, s.h - first); ++r) {
+      float* dst = buf + ((c * rows + r) * p.cols + s.pl) * GP;
+      const float* src = x + (c * s.h + first + r) * s.w;
+      const int64_t group = s.cg * s.h * s.w;
+      if (present == GP) {  // the compiler interleaves whole vectors
+        for (int64_t j = 0; j < s.w; ++j)
+          for (int i = 0; i < GP; ++i) dst[j * GP + i] = src[i * group + j];
+        continue;
+      }
+      for (int64_t i = 0; i < present; ++i)
+        for (int64_t j = 0; j < s.w; ++j) dst[j * GP + i] = src[i * group + j];
+    }
+}
+
+using LoadFn = void (*)(const Grouped&, const float*, int64_t, int64_t, int64_t, float*);
+
 // Output rows [0, rows) of the band from the buffer (`in_rows` rows a
 // channel) into out, NV blocks of W channels (block v's weights at wt + v *
 // K * W, its outputs at out + v * band * owp * W, as (r * owp + ox) * W),
-// with the bias; each broadcast input value feeds NV FMAs.
-template <int B, int NV>
+// with the bias; each broadcast input value feeds NV FMAs. With GP > 1 groups
+// a vector (NV = 1), each broadcast carries GP groups' input values, and the
+// lanes are put in channel order before the bias.
+template <int B, int NV, int GP>
 void compute_rows(const Grouped& p, const float* buf, int64_t in_rows, const float* wt, const V* bias,
                   int64_t rows, float* out) {
   const ConvShape& s = p.s;
@@ -129,24 +168,27 @@ void compute_rows(const Grouped& p, const float* buf, int64_t in_rows, const flo
       V acc[NV][B];
       for (int v = 0; v < NV; ++v)
         for (int b = 0; b < B; ++b) acc[v][b] = vzero();
-      const float* base = buf + r * s.sh * p.cols + ox * s.sw;
+      const float* base = buf + (r * s.sh * p.cols + ox * s.sw) * GP;
       const float* w = wt;
       for (int64_t c = 0; c < s.cg; ++c)
         for (int64_t ky = 0; ky < s.kh; ++ky) {
-          const float* row = base + c * channel + ky * s.dh * p.cols;
+          const float* row = base + (c * channel + ky * s.dh * p.cols) * GP;
           for (int64_t kx = 0; kx < s.kw; ++kx, w += W) {
             V wv[NV];
             for (int v = 0; v < NV; ++v) wv[v] = vload(w + v * k * W);
-            const float* xk = row + kx * s.dw;
+            const float* xk = row + kx * s.dw * GP;
 #pragma GCC unroll 8
             for (int b = 0; b < B; ++b) {
-              const V xb = vset1(xk[b * s.sw]);
+              const V xb = vbroadcast_lanes<GP>(xk + b * s.sw * GP);
               for (int v = 0; v < NV; ++v) acc[v][b] = vfma(wv[v], xb, acc[v][b]);
             }
           }
         }
       for (int v = 0; v < NV; ++v)
-        for (int b = 0; b < B; ++b) vstore(out + v * half + (r * p.owp + ox + b) * W, vadd(acc[v][b], bias[v]));
+        for (int b = 0; b < B; ++b) {
+          const V sum = GP > 1 ? vpermute(acc[v][b], p.lanes_in_order) : acc[v][b];
+          vstore(out + v * half + (r * p.owp + ox + b) * W, vadd(sum, bias[v]));
+        }
     }
 }
 
@@ -172,21 +214,30 @@ void pool_band(const Grouped& p, const Epilogue& ep, int64_t cy0, int64_t cy1, i
     }
 }
 
-template <int NV>
+template <int NV, int GP = 1>
 RowsFn pick_b(int b) {
   switch (b) {
-    case 4: return compute_rows<4, NV>;
-    case 5: return compute_rows<5, NV>;
-    case 6: return compute_rows<6, NV>;
-    case 7: return compute_rows<7, NV>;
-    default: return compute_rows<8, NV>;
+    case 4: return compute_rows<4, NV, GP>;
+    case 5: return compute_rows<5, NV, GP>;
+    case 6: return compute_rows<6, NV, GP>;
+    case 7: return compute_rows<7, NV, GP>;
+    default: return compute_rows<8, NV, GP>;
+  }
+}
+
+// The loader and row function for vectors of gp groups.
+std::pair<LoadFn, RowsFn> pick_packed(int gp, int b) {
+  switch (gp) {
+    case 2: return {load_packed_rows<2>, pick_b<1, 2>(b)};
+    case 4: return {load_packed_rows<4>, pick_b<1, 4>(b)};
+    default: return {load_packed_rows<8>, pick_b<1, 8>(b)};
   }
 }
 
 ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, F32Buffer res, F32Buffer,
                        ffi::Span<const int64_t> attr, int64_t act, float alpha, float lo, float hi,
                        int64_t channel0, ffi::Span<const int64_t> kernel, int64_t span_groups,
-                       ffi::Span<const int64_t> max_pool, F32Result y) {
+                       int64_t groups_per_vector, ffi::Span<const int64_t> max_pool, F32Result y) {
   auto wd = w.dimensions();
   ConvShape s;
   Epilogue ep;
@@ -197,15 +248,21 @@ ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer
     return e;
   const int64_t taps = s.cg * s.kh * s.kw;
   const bool narrow = span_groups != 0;  // lanes span groups: OIHW weights, kernels/channel_blocks.cc
-  if (fused.active() && (narrow || res.element_count() > 0))
-    return ffi::Error::InvalidArgument("jtile grouped: a fused max pool takes packed weights and no residual");
-  const Grouped p = make_grouped(s, fused, workers(pool));
+  const int gp = (int)groups_per_vector;
+  if (gp != 1 && (narrow || (gp != 2 && gp != 4 && gp != 8) || s.og() * gp != W))
+    return ffi::Error::InvalidArgument(
+        "jtile grouped: groups_per_vector must be 1, or 2, 4 or 8 groups whose output channels fill a vector "
+        "of W (without span_groups)");
+  if (fused.active() && (narrow || gp != 1 || res.element_count() > 0))
+    return ffi::Error::InvalidArgument(
+        "jtile grouped: a fused max pool takes weights packed per group and no residual");
+  const Grouped p = make_grouped(s, fused, gp, workers(pool));
   const bool packed_ok = narrow ? wd.size() == 4 && wd[0] == s.o && wd[1] == s.cg && wd[2] == s.kh && wd[3] == s.kw
-                                : wd.size() == 4 && wd[0] == s.groups && wd[1] == p.blocks && wd[2] == taps && wd[3] == W;
+                                : wd.size() == 4 && wd[0] == p.packs && wd[1] == p.blocks && wd[2] == taps && wd[3] == W;
   if (!packed_ok)
     return ffi::Error::InvalidArgument(
-        "jtile grouped: w must be OIHW when vectors span groups, else packed as (groups, blocks, K, W), "
-        "W the vector width");
+        "jtile grouped: w must be OIHW when vectors span groups, else packed as (groups / groups_per_vector, "
+        "blocks, K, W), W the vector width");
   const bool has_residual = res.element_count() > 0;
   if (has_residual && (int64_t)res.element_count() != conv_output_size(s))
     return ffi::Error::InvalidArgument("jtile grouped: the residual must be empty or have the output's shape");
@@ -216,7 +273,8 @@ ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer
                         has_residual ? res.typed_data() : nullptr, conv_output(s, y, channel0));
     return ffi::Error::Success();
   }
-  const RowsFn compute_pair = pick_b<2>(p.b), compute_one = pick_b<1>(p.b);
+  const auto [load_packed, compute_packed] = pick_packed(gp, p.b);
+  const RowsFn compute_pair = pick_b<2>(p.b), compute_one = gp > 1 ? compute_packed : pick_b<1>(p.b);
   const float *xs = x.typed_data(), *ws = w.typed_data(), *bias = bias_of.data();
   const float* rs = has_residual ? res.typed_data() : nullptr;
   float* ys = conv_output(s, y, channel0);
@@ -230,9 +288,10 @@ ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer
       load_rows(p, xs + first * s.h * s.w, 0, s.oh, nc - first, nc - first + 1,
                 &padded[first * padded_rows * p.cols]);
     });
-  parallel_for(pool, s.n * s.groups * units * p.bands, [&](int64_t task, int worker) {
+  parallel_for(pool, s.n * p.packs * units * p.bands, [&](int64_t task, int worker) {
     const int64_t band = task % p.bands, unit = task / p.bands % units;
-    const int64_t g = task / p.bands / units % s.groups, n = task / p.bands / units / s.groups;
+    const int64_t g = task / p.bands / units % p.packs, n = task / p.bands / units / p.packs;
+    const int64_t channels = std::min<int64_t>(gp, s.groups - g * gp) * s.og();  // the pack's outputs
     const int64_t y0 = band * p.rows, y1 = std::min(p.ph, y0 + p.rows);
     const auto [oy0, oy1] = p.conv_rows(y0, y1);
     const int64_t in_rows = p.in_rows(oy1 - oy0);
@@ -240,14 +299,18 @@ ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer
     const int nv = (int)std::min<int64_t>(p.nv, p.blocks - unit * p.nv);
     V bv[2];
     for (int v = 0; v < nv; ++v) {
-      const int64_t block = unit * p.nv + v, lanes = std::min<int64_t>(W, s.og() - block * W);
+      const int64_t block = unit * p.nv + v, lanes = std::min<int64_t>(W, channels - block * W);
       alignas(64) float lane_bias[W] = {};
-      for (int64_t i = 0; i < lanes; ++i) lane_bias[i] = bias[g * s.og() + block * W + i];
+      for (int64_t i = 0; i < lanes; ++i) lane_bias[i] = bias[g * gp * s.og() + block * W + i];
       bv[v] = vload(lane_bias);
     }
-    const int64_t first = n * s.c + g * s.cg;
+    const int64_t first = n * s.c + g * gp * s.cg;
     const float* in = p.shared ? &padded[(first * padded_rows + oy0 * s.sh) * p.cols] : nullptr;
-    if (!p.shared) {
+    if (gp > 1) {
+      float* rows = scratch.get(worker, 0, s.cg * gp * p.in_rows(p.band) * p.cols);
+      load_packed(p, xs + first * s.h * s.w, oy0, oy1, channels / s.og(), rows);
+      in = rows;
+    } else if (!p.shared) {
       float* rows = scratch.get(worker, 0, s.cg * p.in_rows(p.band) * p.cols);
       load_rows(p, xs + first * s.h * s.w, oy0, oy1, 0, s.cg, rows);
       in = rows;
@@ -255,8 +318,8 @@ ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer
     const float* wt = ws + (g * p.blocks + unit * p.nv) * taps * W;
     (nv == 2 ? compute_pair : compute_one)(p, in, p.shared ? padded_rows : in_rows, wt, bv, oy1 - oy0, out);
     for (int v = 0; v < nv; ++v) {
-      const int64_t block = unit * p.nv + v, o0 = g * s.og() + block * W, at = (n * s.o + o0) * plane;
-      const int lanes = (int)std::min<int64_t>(W, s.og() - block * W);
+      const int64_t block = unit * p.nv + v, o0 = g * gp * s.og() + block * W, at = (n * s.o + o0) * plane;
+      const int lanes = (int)std::min<int64_t>(W, channels - block * W);
       if (!p.pool.active()) {
         store_blocked(out + v * half, p.owp, lanes, s.oh, s.ow, oy0, oy1, ep, rs ? rs + at : nullptr, ys + at);
         continue;
@@ -275,6 +338,7 @@ ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer
 JTILE_DEFINE_HANDLER(JtileConvGrouped, jtile::ConvGrouped,
                      JTILE_CONV_RESIDUAL_BINDING.Attr<xla::ffi::Span<const int64_t>>("kernel")
                          .Attr<int64_t>("span_groups")
+                         .Attr<int64_t>("groups_per_vector")
                          .Attr<xla::ffi::Span<const int64_t>>("max_pool")
                          .Ret<jtile::F32Buffer>());
 

@@ -155,10 +155,12 @@ def test_conv2d_large_blocks_match_reference(algorithm):
 @pytest.mark.parametrize("algorithm", ["direct", "smm", "grouped"])
 @pytest.mark.parametrize(
     "x_shape, og, stride",
-    [((1, 64, 15, 14), 4, 1),     # ResNeXt-like: 32 groups of 2 -> 4 channels, channel rows
+    [((1, 64, 15, 14), 4, 1),     # ResNeXt-like: 32 groups of 2 -> 4 channels, channel rows; grouped: 4 a vector
+     ((1, 64, 15, 14), 3, 1),     # grouped: vectors spanning groups of 3
+     ((1, 64, 13, 14), 2, 2),     # grouped: 8 groups a vector, stride 2
      ((2, 64, 9, 9), 16, 2),      # 16 groups of 4 -> 16, batch 2, pixel rows over the batch
      ((1, 96, 7, 7), 24, 1),      # 32 groups of 3 -> 24 at 7x7, pixel rows
-     ((3, 48, 12, 10), 8, 2),     # 16 groups: 48 GEMMs, one per (group, image)
+     ((3, 48, 12, 10), 8, 2),     # 16 groups: 48 GEMMs, one per (group, image); grouped: 2 a vector
      ((1, 64, 30, 9), 40, 1),     # 32 groups of 40: grouped's ragged second block, bands
      ((1, 64, 9, 8), 32, 2),      # 32 groups of 32: grouped's two blocks a task
      ((2, 64, 11, 9), 48, 1)],    # batch 2, 32 groups of 48: grouped's input padded once for two tasks a group
@@ -643,7 +645,7 @@ def test_resize_kernel_rejects_taps_outside_the_input():
     ("smm", 23, 1, 1),        # channel rows, x read in place
     ("smm", 9, 3, 1),         # pixel rows
     ("winograd", 14, 3, 1),
-    ("grouped", 11, 3, 4),    # vectors spanning groups
+    ("grouped", 11, 3, 4),    # groups of 8 (two a vector, AVX-512) and of 3 (vectors spanning groups)
     ("grouped", 11, 3, 2),    # 16 channels a group: vectors within one
 ])
 def test_conv_writes_into_a_concatenation(algorithm, size, kernel, groups):
@@ -701,7 +703,7 @@ def test_conv_fuses_its_max_pool(n, c, o, size, kernel, stride, groups, pool, ac
 
 @pytest.mark.parametrize("algorithm, groups, extra, message", [
     ("smm", 1, {}, "'smm' takes no max_pool=; 'grouped' does"),
-    ("grouped", 8, {}, "spanning groups"),  # 2 output channels a group at stride 1
+    ("grouped", 8, {}, "several groups"),  # 2 output channels a group
     ("grouped", 1, {"residual": np.zeros((1, 16, 7, 7), np.float32)}, "residual= or into="),
     ("grouped", 1, {"into": (32, 0)}, "residual= or into="),
     ("grouped", 1, {"max_pool": (3, 2)}, r"must be \(window, stride, padding\)"),

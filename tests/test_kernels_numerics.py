@@ -128,9 +128,12 @@ CASES = {
     # Groups of 32 output channels: two blocks of W a task.
     "conv_grouped_two_blocks": _conv_case((1, 32, 11, 9), (128, 8, 3, 3), "grouped", groups=4,
                                           padding=((1, 1), (1, 1))),
-    # Groups of 4 output channels at stride 1: vectors span four groups.
-    "conv_grouped_span_groups": _conv_case((2, 32, 15, 13), (64, 2, 3, 3), "grouped", groups=16,
+    # Groups of 3 output channels at stride 1: vectors span five groups and a part.
+    "conv_grouped_span_groups": _conv_case((2, 32, 15, 13), (48, 2, 3, 3), "grouped", groups=16,
                                            padding=((1, 1), (2, 0)), activation="relu"),
+    # RegNet's groups of 8 output channels, two a vector (AVX-512), 13 groups: a ragged last vector.
+    "conv_grouped_groups_per_vector": _conv_case((2, 104, 15, 13), (104, 8, 3, 3), "grouped", groups=13,
+                                                 stride=(2, 1), padding=((1, 1), (2, 0)), activation="relu"),
     # The image stem: conv, activation and max pool in one call, in bands of pooled rows.
     "conv_grouped_max_pool": _conv_case((2, 3, 29, 26), (32, 3, 5, 5), "grouped", stride=(2, 2),
                                         padding=((2, 2), (2, 2)), activation="relu", max_pool=tuple(_POOL.values())),
