@@ -13,7 +13,8 @@ Two primitives, both `y = activate(op(lhs, rhs) + bias, activation)`:
   `padding`, `lhs_dilation`, `rhs_dilation`, `dimension_numbers`,
   `feature_group_count`, `batch_group_count`, `precision`,
   `preferred_element_type`) plus `activation`.
-- `dense_p`, name `"dense"`, operands `(lhs, rhs, bias)`; params
+- `dense_p`, name `"dense"`, operands `(lhs, rhs, bias)` or `(lhs, rhs, bias,
+  residual)` (a transformer's shortcut, added before the activation); params
   `dimension_numbers`, `precision`, `preferred_element_type` (as
   `lax.dot_general_p`) plus `activation`. `lhs` is not necessarily the
   activation: `W @ x + b` fuses to `dense(W, x, b)`.
@@ -40,6 +41,14 @@ lowers to `jtile._resize.resize` (gathers and a weighted sum), `describe`
 shows it as a `Layer` of kind `"resize"`, `swap_backend`'s `"resize"` kind
 runs it on the `jtile_resize2d` kernel (the same taps, from
 `jtile._resize.axis_taps`), and the exporter writes one ONNX `Resize`.
+
+Two keep a row normalisation whole, over the trailing axes `axes` of `x`
+(an imported ONNX Softmax and LayerNormalization): `softmax_p`, name
+`"softmax"`, operand `x`; `layer_norm_p`, name `"layer_norm"`, operands
+`(x, scale, bias)` broadcast against those axes, param `epsilon` too.
+`describe` shows them as `Layer`s of kinds `"softmax"` and `"layer_norm"`,
+which `swap_backend` runs on the `jtile_softmax` and `jtile_layer_norm`
+kernels; the exporter writes one ONNX Softmax or LayerNormalization.
 """
 
 import dataclasses
@@ -91,11 +100,11 @@ def _conv_bias_act(x, w, bias, *residual, activation, **conv_params):
     return activate(y + residual[0] if residual else y, activation)
 
 
-def _dense(lhs, rhs, bias, *, activation, dimension_numbers, precision, preferred_element_type):
+def _dense(lhs, rhs, bias, *residual, activation, dimension_numbers, precision, preferred_element_type):
     y = lax.dot_general(
         lhs, rhs, dimension_numbers, precision=precision, preferred_element_type=preferred_element_type
-    )
-    return activate(y + bias, activation)
+    ) + bias
+    return activate(y + residual[0] if residual else y, activation)
 
 
 def _primitive(name: str, composition) -> jcore.Primitive:
@@ -122,9 +131,43 @@ def _primitive(name: str, composition) -> jcore.Primitive:
     return prim
 
 
+def shift_by_max(x, axes):
+    """`x - max(x)` over `axes`, shifted twice. XLA on CPU may contract a
+    producer of `x` (a mean's `sum * 1/n`) into an FMA with the subtraction,
+    so `x - max(x)` is the product's rounding error rather than 0, and for
+    |x| ~ 1e9 every exp underflows. The second shift subtracts that same
+    error back out."""
+    z = x - jnp.max(x, axis=axes, keepdims=True)
+    return z - jnp.max(z, axis=axes, keepdims=True)
+
+
+def _softmax(x, *, axes):
+    e = jnp.exp(shift_by_max(x, axes))
+    return e / jnp.sum(e, axis=axes, keepdims=True)
+
+
+def _layer_norm(x, scale, bias, *, axes, epsilon):
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    centred = x - mean
+    inv_std = lax.rsqrt(jnp.mean(centred * centred, axis=axes, keepdims=True) + jnp.asarray(epsilon, x.dtype))
+    return centred * inv_std * scale + bias
+
+
 conv_bias_act_p = _primitive("conv_bias_act", _conv_bias_act)
 dense_p = _primitive("dense", _dense)
 resize_p = _primitive("resize", _resize.resize)
+softmax_p = _primitive("softmax", _softmax)
+layer_norm_p = _primitive("layer_norm", _layer_norm)
+
+
+def softmax(x, *, axes: tuple[int, ...]):
+    """Softmax of `x` over its trailing `axes`, as one `softmax_p`."""
+    return softmax_p.bind(x, axes=tuple(axes))
+
+
+def layer_norm(x, scale, bias, *, axes: tuple[int, ...], epsilon: float):
+    """Layer norm of `x` over its trailing `axes`, then `* scale + bias`, as one `layer_norm_p`."""
+    return layer_norm_p.bind(x, scale, bias, axes=tuple(axes), epsilon=float(epsilon))
 
 
 def conv_bias_act(x, w, bias, residual=None, *, activation: Activation = (), **conv_params):
@@ -134,10 +177,12 @@ def conv_bias_act(x, w, bias, residual=None, *, activation: Activation = (), **c
     return conv_bias_act_p.bind(*operands, activation=tuple(activation), **conv_params)
 
 
-def dense(lhs, rhs, bias, *, dimension_numbers, activation: Activation = (), precision=None, preferred_element_type=None):
-    """Bind `dense_p`: `activate(dot_general(lhs, rhs) + bias, activation)`."""
+def dense(lhs, rhs, bias, residual=None, *, dimension_numbers, activation: Activation = (), precision=None,
+          preferred_element_type=None):
+    """Bind `dense_p`: `activate(dot_general(lhs, rhs) + bias [+ residual], activation)`."""
+    operands = (lhs, rhs, bias) if residual is None else (lhs, rhs, bias, residual)
     return dense_p.bind(
-        lhs, rhs, bias, activation=tuple(activation), dimension_numbers=dimension_numbers,
+        *operands, activation=tuple(activation), dimension_numbers=dimension_numbers,
         precision=precision, preferred_element_type=preferred_element_type,
     )
 
@@ -175,7 +220,7 @@ def _describe_conv(eqn) -> FusedLayer:
 
 
 def _describe_dense(eqn) -> FusedLayer:
-    lhs, rhs, bias = (tuple(v.aval.shape) for v in eqn.invars)
+    lhs, rhs, bias = (tuple(v.aval.shape) for v in eqn.invars[:3])
     (lc, rc), _ = eqn.params["dimension_numbers"]
     k = 1
     for d in lc:
@@ -193,6 +238,7 @@ def _describe_dense(eqn) -> FusedLayer:
         out_channels=channels[0] if channels else None,
         activation=eqn.params["activation"],
         bias_shape=bias,
+        residual=len(eqn.invars) > 3,
     )
 
 
@@ -211,3 +257,22 @@ def _resize_macs(eqn) -> Counter:
 
 
 register("resize", describe=_describe_resize, macs=_resize_macs, activations=(0,))
+
+
+def _describe_row_norm(kind: str):
+    def describe(eqn) -> Layer:
+        return Layer(kind=kind, **layer_fields(eqn))
+
+    return describe
+
+
+def _elements(category: str):
+    def macs(eqn) -> Counter:
+        return Counter({category: math.prod(eqn.invars[0].aval.shape)})
+
+    return macs
+
+
+register("softmax", describe=_describe_row_norm("softmax"), macs=_elements("activation"), activations=(0,))
+register("layer_norm", describe=_describe_row_norm("layer_norm"), macs=_elements("norm"), weights=(1, 2),
+         activations=(0,))

@@ -433,12 +433,15 @@ def swap_backend(
         decorator, `@swap_backend(algorithms=...)`.
     - `algorithms` (keyword-only): `{layer kind: selector}` for the kinds
         `layer_kinds()` lists (`"conv2d"`, `"dense"`, `"matmul"`,
-        `"maxpool2d"`, `"avgpool2d"`, `"resize"`); kinds left out keep XLA.
+        `"maxpool2d"`, `"avgpool2d"`, `"resize"`, `"softmax"`, `"layer_norm"`);
+        kinds left out keep XLA.
         `"dense"` is a product with a 2-D weight contracted against the last
         axis of x (any leading axes are rows); `"matmul"` is every other
         `dot_general`, such as attention's batched `Q @ K^T` and `P @ V`;
         `"resize"` is jtile's fused interpolation (an imported ONNX Resize)
-        over the last two axes. A single name (`"auto"`,
+        over the last two axes; `"softmax"` and `"layer_norm"` are jtile's
+        fused row normalisations (an imported ONNX Softmax or
+        LayerNormalization), which the kernels run over trailing axes. A single name (`"auto"`,
         `"default"`) applies to every kind; the default is `"auto"`.
 
     **Returns:** a function with `fn`'s signature and outputs.

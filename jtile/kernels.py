@@ -124,6 +124,8 @@ _TARGETS: dict[str, str] = {
     "jtile_avg_pool2d": "JtileAvgPool2d",
     "jtile_global_avg_pool2d": "JtileGlobalAvgPool2d",
     "jtile_resize2d": "JtileResize2d",
+    "jtile_softmax": "JtileSoftmax",
+    "jtile_layer_norm": "JtileLayerNorm",
 }
 
 # ----------------------------------------------------------------- epilogues
@@ -1249,11 +1251,14 @@ _registry.register("ffi_call:jtile_conv_expanded_depthwise", describe=_describe_
 
 def dense_reference(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
                     activation: str | None = None, alpha: float = 0.0, beta: float = 0.0,
-                    clip: Sequence[float] = (0.0, 6.0), transpose_w: bool = False) -> jax.Array:
-    """`act(x @ w + b)` in jnp (`x @ w.T` if `transpose_w`)."""
+                    clip: Sequence[float] = (0.0, 6.0), transpose_w: bool = False,
+                    residual: jax.Array | None = None) -> jax.Array:
+    """`act(x @ w + b + residual)` in jnp (`x @ w.T` if `transpose_w`)."""
     y = jnp.dot(x, w.T if transpose_w else w, precision=lax.Precision.HIGHEST)
     if b is not None:
         y = y + b
+    if residual is not None:
+        y = y + residual
     return activation_reference(y, activation, alpha, clip, beta)
 
 
@@ -1273,8 +1278,11 @@ GEMV_ROWS = {"known": 1, "traced": 17}
 
 def dense(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
           activation: str | None = None, alpha: float = 0.0, beta: float = 0.0,
-          clip: Sequence[float] = (0.0, 6.0), transpose_w: bool = False) -> jax.Array:
-    """`act(x @ w + b)` by the C kernel: x `(M, K)`, w `(K, N)`, b `(N,)` or None.
+          clip: Sequence[float] = (0.0, 6.0), transpose_w: bool = False,
+          residual: jax.Array | None = None) -> jax.Array:
+    """`act(x @ w + b + residual)` by the C kernel: x `(M, K)`, w `(K, N)`, b
+    `(N,)` or None, `residual` `(M, N)` or None (a transformer's shortcut,
+    added as the product is stored).
 
     With `transpose_w`, w is `(N, K)` (PyTorch's Linear layout) and the kernel
     computes `x @ w.T` without transposing w. A known (folded) w is packed
@@ -1292,6 +1300,9 @@ def dense(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
         raise ConfigError(f"dense: x {jnp.shape(x)} and w {jnp.shape(w)} do not chain ({op})")
     if b is not None and jnp.shape(b) != (n,):
         raise ConfigError(f"dense: bias must have shape ({n},), got {jnp.shape(b)}")
+    _require_float32("dense", residual=residual)
+    if residual is not None and jnp.shape(residual) != (m, n):
+        raise ConfigError(f"dense: the residual must have the output's shape ({m}, {n}), got {jnp.shape(residual)}")
     packed = m >= GEMV_ROWS["known" if is_known(w) else "traced"]
     attrs = dict(_epilogue_attrs(activation, alpha, beta, clip), transpose_w=np.int64(bool(transpose_w)),
                  packed=np.int64(packed))
@@ -1301,14 +1312,18 @@ def dense(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
     with eager_if_known(w):
         weight = shared(pack_gemm_weight(w if transpose_w else on_host(w).T, 1, gemm_tile()[1]) if packed else w)
 
-    def kernel(x, w, b, weight, kernel_b):
-        return _call("jtile_dense", out, x, weight, kernel_b, vmap_method="sequential", **attrs)
+    residuals = () if residual is None else (residual,)
 
-    def reference(x, w, b):
+    def kernel(x, w, b, *rest):
+        *res, weight, kernel_b = rest
+        return _call("jtile_dense", out, x, weight, kernel_b, res[0] if res else np.zeros((0,), np.float32),
+                     vmap_method="sequential", **attrs)
+
+    def reference(x, w, b, *res):
         return dense_reference(x, w, b, activation=activation, alpha=alpha, beta=beta, clip=clip,
-                               transpose_w=transpose_w)
+                               transpose_w=transpose_w, residual=res[0] if res else None)
 
-    return _with_reference_vjp(kernel, reference, derived=2)(x, w, b, weight, kernel_b)
+    return _with_reference_vjp(kernel, reference, derived=2)(x, w, b, *residuals, weight, kernel_b)
 
 
 # ------------------------------------------------------------------- matmul
@@ -1389,9 +1404,9 @@ def _checked_view(name: str, x: jax.Array, view: Strided | None) -> jax.ShapeDty
 
 
 def matmul(a: jax.Array, c: jax.Array, dimension_numbers: DimensionNumbers, *,
-           a_view: Strided | None = None, c_view: Strided | None = None) -> jax.Array:
-    """`lax.dot_general(a, c, dimension_numbers)` by the C GEMM, for float32
-    activations times activations (attention's `Q @ K^T`, `P @ V`).
+           a_view: Strided | None = None, c_view: Strided | None = None, scale: float = 1.0) -> jax.Array:
+    """`lax.dot_general(a, c, dimension_numbers) * scale` by the C GEMM, for
+    float32 activations times activations (attention's `Q @ K^T`, `P @ V`).
 
     Each batch element is one GEMM. An operand is read in place (a head split
     or a transpose feeding the product costs no copy) when its batch, free and
@@ -1424,11 +1439,13 @@ def matmul(a: jax.Array, c: jax.Array, dimension_numbers: DimensionNumbers, *,
                                           _matmul_operand(c, c_view, c_batch, c_contract))
         attrs = {name: np.array(v, np.int64) for name, v in
                  (("dims", dims), ("a_view", a_offsets), ("c_view", c_offsets))}
-        return _call("jtile_matmul", flat, a, c, vmap_method="sequential", **attrs).reshape(out.shape)
+        return _call("jtile_matmul", flat, a, c, vmap_method="sequential", scale=np.float32(scale),
+                     **attrs).reshape(out.shape)
 
     def reference(a, c):
         a, c = (x if v is None else _strided_reference(x, v) for x, v in ((a, a_view), (c, c_view)))
-        return matmul_reference(a, c, dn)
+        product = matmul_reference(a, c, dn)
+        return product if scale == 1.0 else product * np.float32(scale)
 
     return _with_reference_vjp(kernel, reference)(a, c)
 
@@ -1564,6 +1581,51 @@ def resize2d(x: jax.Array, rows: np.ndarray, row_weights: np.ndarray, cols: np.n
     return _with_reference_vjp(kernel, lambda x: resize2d_reference(x, *tables))(x)
 
 
+def softmax_reference(x: jax.Array) -> jax.Array:
+    """`softmax` in jnp: `jax.nn.softmax` over the last axis."""
+    return jax.nn.softmax(x, axis=-1)
+
+
+def softmax(x: jax.Array) -> jax.Array:
+    """Softmax over the last axis of `x` by the C kernel: `exp(x - max) / sum`
+    per row, a row's passes in L1 (attention's probabilities)."""
+    _require_float32("softmax", x=x)
+    if jnp.ndim(x) < 1:
+        raise ConfigError("softmax: x must have an axis to normalise over; it is a scalar")
+
+    def kernel(x):
+        return _call("jtile_softmax", jax.ShapeDtypeStruct(jnp.shape(x), jnp.float32), x, vmap_method="broadcast_all")
+
+    return _with_reference_vjp(kernel, softmax_reference)(x)
+
+
+def layer_norm_reference(x: jax.Array, scale: jax.Array, bias: jax.Array, epsilon: float) -> jax.Array:
+    """`layer_norm` in jnp: `(x - mean) / sqrt(var + epsilon) * scale + bias`
+    over the last axis, the variance of the centred values."""
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    centred = x - mean
+    return centred * lax.rsqrt(jnp.mean(centred * centred, axis=-1, keepdims=True) + epsilon) * scale + bias
+
+
+def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array | None = None, *, epsilon: float = 1e-5) -> jax.Array:
+    """Layer norm over the last axis of `x` by the C kernel, with `scale` and
+    `bias` (None: zero) of one value per column or one in all (a
+    transformer block's norms)."""
+    _require_float32("layer_norm", x=x, scale=scale, bias=bias)
+    n = jnp.shape(x)[-1] if jnp.ndim(x) else None
+    bias = jnp.zeros((), jnp.float32) if bias is None else bias
+    for name, v in (("scale", scale), ("bias", bias)):
+        if n is None or jnp.size(v) not in (1, n) or jnp.ndim(v) > 1:
+            raise ConfigError(f"layer_norm: {name} must hold one value or one per column of x's last axis "
+                              f"({n}); it has shape {jnp.shape(v)} for x of shape {jnp.shape(x)}")
+
+    def kernel(x, scale, bias):
+        return _call("jtile_layer_norm", jax.ShapeDtypeStruct(jnp.shape(x), jnp.float32), x,
+                     jnp.ravel(scale), jnp.ravel(bias), vmap_method="broadcast_all", epsilon=np.float32(epsilon))
+
+    return _with_reference_vjp(kernel, functools.partial(layer_norm_reference, epsilon=epsilon))(x, scale, bias)
+
+
 def _describe_resize_call(eqn):
     channels = eqn.invars[0].aval.shape[1] if eqn.invars[0].aval.ndim > 1 else 1
     return _layer(eqn, "resize", in_channels=channels, out_channels=channels)
@@ -1588,6 +1650,12 @@ for _kind in ("max", "avg", "global"):
     _registry.register(f"ffi_call:{_name}", describe=_describe_pool_call(_kind), macs=_call_macs,
                        activations=(0,))
 
+_registry.register("ffi_call:jtile_softmax", describe=lambda eqn: _layer(eqn, "softmax"),
+                   macs=lambda eqn: Counter({"activation": math.prod(eqn.invars[0].aval.shape)}), activations=(0,))
+_registry.register("ffi_call:jtile_layer_norm", describe=lambda eqn: _layer(eqn, "layer_norm"),
+                   macs=lambda eqn: Counter({"norm": math.prod(eqn.invars[0].aval.shape)}),
+                   weights=(1, 2), activations=(0,))
+
 LIBRARY_PATH, _UNAVAILABLE = _load_library()
 
 
@@ -1601,5 +1669,6 @@ __all__ = [
     "dense_reference", "GEMV_ROWS", "dense",
     "matmul_reference", "matmul",
     "max_pool2d_reference", "avg_pool2d_reference", "global_avg_pool2d_reference", "max_pool2d",
-    "avg_pool2d", "global_avg_pool2d", "resize2d_reference", "resize2d", "LIBRARY_PATH"
+    "avg_pool2d", "global_avg_pool2d", "resize2d_reference", "resize2d", "softmax_reference", "softmax",
+    "layer_norm_reference", "layer_norm", "LIBRARY_PATH"
 ]

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -228,6 +229,46 @@ inline V vpermute(V x, const int32_t* idx) {
   V r;
   for (int i = 0; i < W; ++i) r.v[i] = x.v[idx[i]];
   return r;
+#endif
+}
+
+// `n` floats at p, the vector's other lanes `fill`.
+inline V vload_partial_or(const float* p, int n, float fill) {
+  alignas(64) static constexpr float lane[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  static_assert(W <= 16);
+  return vselect_lt(vload(lane), vset1((float)n), vload_partial(p, n), vset1(fill));
+}
+
+// The sum of x's lanes.
+inline float vsum_lanes(V x) {
+#if defined(__AVX512F__)
+  __m512 t = _mm512_add_ps(x.v, _mm512_maskz_shuffle_f32x4(0xffff, x.v, x.v, _MM_SHUFFLE(1, 0, 3, 2)));
+  t = _mm512_add_ps(t, _mm512_maskz_shuffle_f32x4(0xffff, t, t, _MM_SHUFFLE(2, 3, 0, 1)));
+  t = _mm512_add_ps(t, _mm512_maskz_permute_ps(0xffff, t, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm512_cvtss_f32(_mm512_add_ps(t, _mm512_maskz_permute_ps(0xffff, t, _MM_SHUFFLE(2, 3, 0, 1))));
+#else
+  alignas(64) float lanes[W];
+  vstore(lanes, x);
+  float s = 0.0f;
+  for (float v : lanes) s += v;
+  return s;
+#endif
+}
+
+// The largest of x's lanes, NaN if one is NaN.
+inline float vmax_lanes(V x) {
+#if defined(__AVX512F__)
+  if (_mm512_cmp_ps_mask(x.v, x.v, _CMP_UNORD_Q)) return std::numeric_limits<float>::quiet_NaN();
+  __m512 t = _mm512_max_ps(x.v, _mm512_maskz_shuffle_f32x4(0xffff, x.v, x.v, _MM_SHUFFLE(1, 0, 3, 2)));
+  t = _mm512_max_ps(t, _mm512_maskz_shuffle_f32x4(0xffff, t, t, _MM_SHUFFLE(2, 3, 0, 1)));
+  t = _mm512_max_ps(t, _mm512_maskz_permute_ps(0xffff, t, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm512_cvtss_f32(_mm512_max_ps(t, _mm512_maskz_permute_ps(0xffff, t, _MM_SHUFFLE(2, 3, 0, 1))));
+#else
+  alignas(64) float lanes[W];
+  vstore(lanes, x);
+  float m = lanes[0];
+  for (float v : lanes) m = std::isnan(m) || std::isnan(v) ? std::numeric_limits<float>::quiet_NaN() : std::max(m, v);
+  return m;
 #endif
 }
 
@@ -484,6 +525,7 @@ inline V vgelu(V x) {
 enum Activation : int64_t {
   kIdentity = 0, kRelu = 1, kClip = 2, kLeakyRelu = 3, kSigmoid = 4, kSilu = 5,
   kHardSigmoid = 6, kHardSwish = 7, kGelu = 8, kGeluTanh = 9,
+  kScale = 10,  // alpha x: not an activation code, the matmul's "scale" (attention's 1 / sqrt(d))
 };
 
 struct Epilogue {
@@ -513,6 +555,7 @@ struct Epilogue {
       case kGelu: return vgelu(x);
       case kGeluTanh:  // x (1 + tanh(u)) / 2 = x sigmoid(2 u), u = sqrt(2/pi) (x + 0.044715 x^3)
         return vmul(x, vsigmoid(vmul(x, vfma(vmul(x, x), vset1(0.0713548162726f), vset1(1.5957691216057f)))));
+      case kScale: return vmul(x, vset1(alpha));
       default: return x;
     }
   }

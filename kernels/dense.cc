@@ -13,7 +13,8 @@
 // Matmul: batched products of two activations (attention's Q K^T and P V),
 // y[b] = a[b] @ c[b], each operand a strided view of its buffer (so a head
 // split or a transpose feeding the product need not be copied), every batch
-// element one GEMM of gemm.h (gemm_batched: whole elements per worker).
+// element one GEMM of gemm.h (gemm_batched: whole elements per worker),
+// times `scale` as it is stored (attention's 1 / sqrt(d)).
 #include "gemm.h"
 
 namespace jtile {
@@ -52,7 +53,7 @@ void gemv_block(int64_t m, int64_t k, int64_t n, int64_t cols, int64_t k0, int64
 }
 
 void gemv(ffi::ThreadPool& pool, int64_t m, int64_t k, int64_t n, const float* x, const float* w,
-          const float* bias, const Epilogue& ep, float* y) {
+          const float* bias, const float* residual, const Epilogue& ep, float* y) {
   const int64_t block = std::max<int64_t>(W, GEMV_ACC_FLOATS / m / W * W);
   const int64_t nblocks = ceil_div(n, block);
   const int64_t kstep = std::max<int64_t>(64, ceil_div(k, ceil_div(GEMV_TASKS, nblocks)));
@@ -73,7 +74,11 @@ void gemv(ffi::ThreadPool& pool, int64_t m, int64_t k, int64_t n, const float* x
         const float* src = &partial[(c * n + n0) * m + r * cols];
         for (int64_t j = 0; j < cols; ++j) dst[j] += src[j];
       }
-      for (int64_t j = 0; j < cols; ++j) dst[j] = ep(dst[j] + bias[n0 + j]);
+      for (int64_t j = 0; j < cols; ++j) {
+        float v = dst[j] + bias[n0 + j];
+        if (residual) v += residual[r * n + n0 + j];
+        dst[j] = ep(v);
+      }
     }
   });
 }
@@ -97,7 +102,7 @@ void gemv(ffi::ThreadPool& pool, int64_t m, int64_t k, int64_t n, const float* x
 // 2048->1000 197-202 against 211-223 us, 1280->1000 144-149 against 157-165,
 // 4096->1000 322-360 against 404-406 (256 ahead: in between; 1024: slower).
 void gemv_nk(ffi::ThreadPool& pool, int64_t m, int64_t k, int64_t n, const float* x,
-             const float* w, const float* bias, const Epilogue& ep, float* y) {
+             const float* w, const float* bias, const float* residual, const Epilogue& ep, float* y) {
   constexpr int64_t ROWS = 4, ROWS_PER_TASK = 64, PREFETCH_FLOATS = 2048, LONG_ROW = 1024, ROW_AHEAD = 512;
   const bool long_rows = k >= LONG_ROW;
   parallel_for(pool, ceil_div(n, ROWS_PER_TASK), [&](int64_t task) {
@@ -125,14 +130,16 @@ void gemv_nk(ffi::ThreadPool& pool, int64_t m, int64_t k, int64_t n, const float
           vstore(lane, acc[i]);
           float total = 0.0f;
           for (float v : lane) total += v;
-          y[r * n + n0 + i] = ep(total + bias[n0 + i]);
+          float v = total + bias[n0 + i];
+          if (residual) v += residual[r * n + n0 + i];
+          y[r * n + n0 + i] = ep(v);
         }
       }
     }
   });
 }
 
-ffi::Error Dense(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, int64_t act,
+ffi::Error Dense(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, F32Buffer res, int64_t act,
                  float alpha, float lo, float hi, int64_t transpose_w, int64_t packed, F32Result y) {
   auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
   const int64_t wk = transpose_w ? 1 : 0;
@@ -141,22 +148,24 @@ ffi::Error Dense(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, in
                       (packed ? wd.size() == 4 && wd[0] == 1 && wd[1] == ceil_div(yd[1], GEMM_NR) &&
                                     wd[2] == xd[1] && wd[3] == GEMM_NR
                               : wd.size() == 2 && xd[1] == wd[wk] && yd[1] == wd[1 - wk]);
-  if (!shapes)
+  if (!shapes || (res.element_count() != 0 && res.element_count() != y->element_count()))
     return ffi::Error::InvalidArgument(
-        "jtile dense: expected x (M, K), w (K, N), (N, K) or packed (1, strips, K, NR), b (N,) or (1,), y (M, N)");
+        "jtile dense: expected x (M, K), w (K, N), (N, K) or packed (1, strips, K, NR), b (N,) or (1,), "
+        "the residual empty or (M, N), y (M, N)");
   Epilogue ep;
   if (auto e = make_epilogue(act, alpha, lo, hi, &ep); e.failure()) return e;
   const int64_t m = xd[0], k = xd[1], n = yd[1];
   if (m == 0 || n == 0) return ffi::Error::Success();
   const Bias bias(b, n);
   const float *xs = x.typed_data(), *ws = w.typed_data(), *bs = bias.data();
+  const float* rs = res.element_count() ? res.typed_data() : nullptr;
   float* ys = y->typed_data();
   if (packed)
-    gemm(pool, m, n, k, Rows(xs, k), Prepacked(ws, k, GEMM_NR), GemmOutput{ys, n, nullptr, bs, ep});
+    gemm(pool, m, n, k, Rows(xs, k), Prepacked(ws, k, GEMM_NR), GemmOutput{ys, n, nullptr, bs, ep, rs});
   else if (transpose_w)
-    gemv_nk(pool, m, k, n, xs, ws, bs, ep, ys);
+    gemv_nk(pool, m, k, n, xs, ws, bs, rs, ep, ys);
   else
-    gemv(pool, m, k, n, xs, ws, bs, ep, ys);
+    gemv(pool, m, k, n, xs, ws, bs, rs, ep, ys);
   return ffi::Error::Success();
 }
 
@@ -176,7 +185,7 @@ struct View {
 };
 
 ffi::Error Matmul(ffi::ThreadPool pool, F32Buffer a, F32Buffer c, ffi::Span<const int64_t> dims,
-                  ffi::Span<const int64_t> a_view, ffi::Span<const int64_t> c_view, F32Result y) {
+                  ffi::Span<const int64_t> a_view, ffi::Span<const int64_t> c_view, float scale, F32Result y) {
   if (dims.size() != 4 || a_view.size() != 4 || c_view.size() != 4)
     return ffi::Error::InvalidArgument(
         "jtile matmul: expected dims [B, M, N, K] and, per operand, [offset, batch, row, k strides]");
@@ -189,6 +198,7 @@ ffi::Error Matmul(ffi::ThreadPool pool, F32Buffer a, F32Buffer c, ffi::Span<cons
         "jtile matmul: dims [B, M, N, K] must be positive, y must hold B*M*N floats, and each operand "
         "view must lie inside its buffer with its rows or its K axis contiguous");
   float* ys = y->typed_data();
+  const Epilogue ep = scale == 1.0f ? Epilogue{} : Epilogue{kScale, scale};
   gemm_batched(pool, batch, m, n, k, [&](int64_t i, const GemmCompute& compute) {
     auto operand = [&](const View& v, auto&& use) {
       const float* p = v.data + v.offset + i * v.batch_stride;
@@ -196,7 +206,7 @@ ffi::Error Matmul(ffi::ThreadPool pool, F32Buffer a, F32Buffer c, ffi::Span<cons
       else use(Columns(p, v.k_stride));
     };
     operand(av, [&](const Operand& lhs) {
-      operand(cv, [&](const Operand& rhs) { compute(lhs, rhs, GemmOutput{ys + i * m * n, n, nullptr, nullptr, Epilogue{}}); });
+      operand(cv, [&](const Operand& rhs) { compute(lhs, rhs, GemmOutput{ys + i * m * n, n, nullptr, nullptr, ep}); });
     });
   });
   return ffi::Error::Success();
@@ -208,6 +218,7 @@ ffi::Error Matmul(ffi::ThreadPool pool, F32Buffer a, F32Buffer c, ffi::Span<cons
 JTILE_DEFINE_HANDLER(JtileDense, jtile::Dense,
                      xla::ffi::Ffi::Bind()
                          .Ctx<xla::ffi::ThreadPool>()
+                         .Arg<jtile::F32Buffer>()
                          .Arg<jtile::F32Buffer>()
                          .Arg<jtile::F32Buffer>()
                          .Arg<jtile::F32Buffer>()
@@ -224,4 +235,5 @@ JTILE_DEFINE_HANDLER(JtileMatmul, jtile::Matmul,
                          .Attr<xla::ffi::Span<const int64_t>>("dims")
                          .Attr<xla::ffi::Span<const int64_t>>("a_view")
                          .Attr<xla::ffi::Span<const int64_t>>("c_view")
+                         .Attr<float>("scale")
                          .Ret<jtile::F32Buffer>());

@@ -116,7 +116,8 @@ def test_unknown_names_list_the_valid_ones(convnet):
         swap_conv2d(_convnet, selector=lambda layer: "bogus")(params, x)
     with pytest.raises(jtile.ConfigError, match="unknown keyword.*algorithm"):
         swap_backend(_convnet, algorithm="direct")
-    assert set(layer_kinds()) == {"conv2d", "dense", "matmul", "maxpool2d", "avgpool2d", "resize"}
+    assert set(layer_kinds()) == {"conv2d", "dense", "matmul", "maxpool2d", "avgpool2d", "resize", "softmax",
+                                  "layer_norm"}
     assert algorithm_names("dense") == algorithm_names("matmul") == ("default", "auto", "measured", "gemm")
 
 
@@ -533,6 +534,34 @@ def test_attention_block_runs_on_the_kernels(attention, tree_allclose):
     assert [e.invars[0].aval.shape for e in calls[:1]] + [e.invars[1].aval.shape for e in calls] == [(13, 1, 3 * dim)] * 3
     assert views[0] == [[0, WIDTH, 3 * dim, 1], [dim, WIDTH, 3 * dim, 1]]
     assert views[1][1] == [2 * dim, WIDTH, 1, 3 * dim]
+
+
+def test_attention_known_operand_scales_multiply_inside_the_kernel(attention, tree_allclose):
+    """q and k each scaled by d^-1/4 (torch's export of scaled dot-product
+    attention): the matmul reads them in place and stores its product times
+    d^-1/2: no multiplication's result is used."""
+    params, x = attention
+    quarter = np.float32(WIDTH ** -0.25)
+
+    def scaled(p, x):
+        tokens, _, dim = x.shape
+        q, k, v = jnp.split(x @ p["w_qkv"] + p["b_qkv"], 3, axis=-1)
+
+        def heads(t):
+            return t.reshape(tokens, HEADS, WIDTH).transpose(1, 0, 2)
+
+        scores = (heads(q) * quarter) @ (heads(k).transpose(0, 2, 1) * quarter)
+        return jax.nn.softmax(scores, axis=-1) @ heads(v)
+
+    swapped = swap_backend(scaled, algorithms={"dense": "gemm", "matmul": "gemm"})
+    jaxpr = jax.make_jaxpr(swapped)(params, x).jaxpr
+    eqns = list(_iter_eqns(jaxpr))
+    scales = [float(dict(e.params["attributes"])["scale"]) for e in eqns
+              if e.primitive.name == "ffi_call" and e.params["target_name"] == "jtile_matmul"]
+    assert scales == [float(quarter * quarter), 1.0]
+    read = {id(v) for e in eqns for v in e.invars} | {id(v) for v in jaxpr.outvars}
+    assert not [e for e in eqns if e.primitive.name == "mul" and id(e.outvars[0]) in read]  # XLA drops the rest
+    assert tree_allclose(jax.jit(swapped)(params, x), scaled(params, x), rtol=RTOL, atol=ATOL)
 
 
 def test_attention_gradients_through_the_kernels(attention, tree_allclose):

@@ -127,11 +127,37 @@ def test_dense_fuses_weight_on_either_side(tree_allclose, case):
 
 
 def test_dense_refuses_a_bias_along_two_axes(tree_allclose):
-    x, w = _normal(5, 7), _normal(7, 4, seed=1)
-    full = _normal(5, 4, seed=2)  # a residual, not a bias
+    x, w = _normal(2, 5, 7), _normal(7, 4, seed=1)
+    plane = _normal(5, 4, seed=2)  # along two of the output's three axes: neither a bias nor a residual
     fn = lambda x, w, r: x @ w + r  # noqa: E731
-    assert _ops(fusion.dense(fn), x, w, full) == _ops(fn, x, w, full)
-    assert _same(fusion.dense(fn), fn, x, w, full, tree_allclose=tree_allclose)
+    assert _ops(fusion.dense(fn), x, w, plane) == _ops(fn, x, w, plane)
+    assert _same(fusion.dense(fn), fn, x, w, plane, tree_allclose=tree_allclose)
+
+
+@pytest.mark.parametrize("order", ["shortcut first", "shortcut last"])
+def test_dense_takes_a_transformer_shortcut_as_its_residual(tree_allclose, order):
+    """`x + gelu(x @ W1 + b1) @ W2 + b2` (a transformer's MLP block): the second
+    product, its bias and the shortcut are one dense op."""
+    x, w1, w2 = _normal(2, 5, 8), _normal(8, 16, seed=1), _normal(16, 8, seed=2)
+    b1, b2 = _normal(16, seed=3), _normal(8, seed=4)
+
+    def block(x, w1, w2, b1, b2):
+        mlp = jax.nn.gelu(x @ w1 + b1) @ w2 + b2
+        return x + mlp if order == "shortcut first" else mlp + x
+
+    fused = fusion.dense(block)
+    after = _ops(fused, x, w1, w2, b1, b2)
+    assert after["dense"] == 2 and "add" not in after
+    eqns = [e for e in iter_eqns(make_jaxpr(fused, x, w1, w2, b1, b2).jaxpr) if e.primitive.name == "dense"]
+    assert [len(e.invars) for e in eqns] == [3, 4]
+    assert _same(fused, block, x, w1, w2, b1, b2, tree_allclose=tree_allclose, rtol=1e-5, atol=1e-5)
+
+
+def test_a_batched_product_plus_a_mask_stays_a_product():
+    """Attention's scores plus an additive mask: no dense op, so the matmul kind keeps it."""
+    q, k, mask = _normal(2, 5, 8), _normal(2, 8, 5, seed=1), _normal(2, 5, 5, seed=2)
+    fn = lambda q, k, mask: q @ k + mask  # noqa: E731
+    assert _ops(fusion.dense(fn), q, k, mask) == _ops(fn, q, k, mask)
 
 
 @pytest.mark.parametrize(

@@ -181,14 +181,16 @@ def test_conv2d_many_groups_match_reference(algorithm, x_shape, og, stride):
 @given(
     m=st.integers(1, 20), k=st.integers(1, 300), n=st.integers(1, 90),
     activation=st.sampled_from(ACTIVATIONS), bias=st.booleans(), transpose_w=st.booleans(),
-    traced=st.booleans(), seed=st.integers(0, 2**16),
+    traced=st.booleans(), residual=st.booleans(), seed=st.integers(0, 2**16),
 )
-def test_dense_matches_reference(m, k, n, activation, bias, transpose_w, traced, seed):
-    """In-place paths below 8 rows (known w) or 17 (traced w), the packed GEMM above."""
+def test_dense_matches_reference(m, k, n, activation, bias, transpose_w, traced, residual, seed):
+    """In-place paths below 17 rows (traced w), the packed GEMM otherwise; a
+    residual added before the activation on each."""
     rng = np.random.default_rng(seed)
     x, w = _normal(rng, (m, k)), _normal(rng, (n, k) if transpose_w else (k, n))
     b = _normal(rng, n) if bias else None
-    kw = dict(activation=activation, transpose_w=transpose_w, **EPILOGUE)
+    kw = dict(activation=activation, transpose_w=transpose_w, residual=_normal(rng, (m, n)) if residual else None,
+              **EPILOGUE)
     run = jax.jit(lambda x, w: kernels.dense(x, w, b, **kw)) if traced else lambda x, w: kernels.dense(x, w, b, **kw)
     np.testing.assert_allclose(run(x, w), kernels.dense_reference(x, w, b, **kw), rtol=1e-4, atol=3e-4)
 
@@ -311,6 +313,51 @@ def test_matmul_attention_products_match_reference(heads, tokens, width):
     for a, c, dn in ((q, k, scores), (p, k, mixed)):
         np.testing.assert_allclose(jax.jit(lambda a, c: kernels.matmul(a, c, dn))(a, c),
                                    kernels.matmul_reference(a, c, dn), rtol=1e-4, atol=5e-4)
+
+
+def test_matmul_scales_its_product():
+    """Attention's 1 / sqrt(d) applied as the product is stored: the reference's
+    product times the scale, and its gradient."""
+    rng = np.random.default_rng(6)
+    a, c = _normal(rng, (3, 17, 40)), _normal(rng, (3, 21, 40))
+    dn = (((2,), (2,)), ((0,), (0,)))
+    np.testing.assert_allclose(kernels.matmul(a, c, dn, scale=0.125), kernels.matmul_reference(a, c, dn) * 0.125,
+                               **TOL)
+
+    def grad(f):
+        return jax.grad(lambda a: jnp.sum(jnp.sin(f(a))))(a)
+
+    np.testing.assert_allclose(grad(lambda a: kernels.matmul(a, c, dn, scale=-3.0)),
+                               grad(lambda a: kernels.matmul_reference(a, c, dn) * -3.0), **TOL)
+
+
+# Row-wise softmax and layer norm over the last axis: rows of any length
+# (vector tails), scale and bias per column or one value.
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 40), n=st.integers(1, 300), spread=st.sampled_from([1.0, 30.0]),
+       per_column=st.booleans(), bias=st.booleans(), traced=st.booleans(), seed=st.integers(0, 2**16))
+def test_softmax_and_layer_norm_match_reference(rows, n, spread, per_column, bias, traced, seed):
+    rng = np.random.default_rng(seed)
+    x = _normal(rng, (rows, n)) * np.float32(spread) + np.float32(rng.uniform(-50, 50))
+    scale = _normal(rng, n if per_column else ())
+    shift = (_normal(rng, n if per_column else ()) if bias else None)
+    run = jax.jit if traced else (lambda f: f)
+    np.testing.assert_allclose(run(kernels.softmax)(x), kernels.softmax_reference(x), rtol=1e-5, atol=1e-6)
+    got = run(lambda x: kernels.layer_norm(x, scale, shift, epsilon=1e-3))(x)
+    want = kernels.layer_norm_reference(x, scale, 0.0 if shift is None else shift, 1e-3)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: kernels.softmax(np.float32(1.0)), "scalar"),
+    (lambda: kernels.layer_norm(np.zeros((2, 5), np.float32), np.ones(4, np.float32)), r"scale must hold .* \(5\)"),
+    (lambda: kernels.layer_norm(np.zeros((2, 5), np.float32), np.ones(5, np.float32), np.ones((5, 1), np.float32)),
+     "bias must hold"),
+    (lambda: kernels.softmax(np.zeros(3, np.float16)), "float32 only"),
+])
+def test_softmax_and_layer_norm_refuse_bad_operands(call, message):
+    with pytest.raises((jtile.ConfigError, jtile.UnsupportedError), match=message):
+        call()
 
 
 def test_matmul_batch_elements_do_not_depend_on_the_batch():
@@ -498,6 +545,11 @@ _GRAD_CASES = {
                    lambda x, w, b: kernels.dense_reference(x.reshape(28, 12), w.reshape(-1, 6)[:12], b, activation="relu6")),
     "dense_gemv": (lambda x, w, b: kernels.dense(x[0, 0, :2], w.reshape(-1, 6)[:6], b, activation="clip", clip=(-1, 1), transpose_w=True),
                    lambda x, w, b: kernels.dense_reference(x[0, 0, :2], w.reshape(-1, 6)[:6], b, activation="clip", clip=(-1, 1), transpose_w=True)),
+    "dense_gemm_residual": (lambda x, w, b: kernels.dense(x.reshape(28, 12), w.reshape(-1, 6)[:12], b, activation="silu", residual=x.reshape(28, 12)[:, :6]),
+                            lambda x, w, b: kernels.dense_reference(x.reshape(28, 12), w.reshape(-1, 6)[:12], b, activation="silu", residual=x.reshape(28, 12)[:, :6])),
+    "softmax": (lambda x, w, b: kernels.softmax(x), lambda x, w, b: kernels.softmax_reference(x)),
+    "layer_norm": (lambda x, w, b: kernels.layer_norm(x, b, w[:, 0, 0, 0], epsilon=1e-2),
+                   lambda x, w, b: kernels.layer_norm_reference(x, b, w[:, 0, 0, 0], 1e-2)),
     "pools": (lambda x, w, b: kernels.max_pool2d(x, (2, 2), (2, 2)).sum() + kernels.avg_pool2d(x, (3, 3), (1, 1), ((1, 1), (1, 1)), False).sum() + kernels.global_avg_pool2d(x).sum(),
               lambda x, w, b: kernels.max_pool2d_reference(x, (2, 2), (2, 2), ((0, 0), (0, 0))).sum() + kernels.avg_pool2d_reference(x, (3, 3), (1, 1), ((1, 1), (1, 1)), False).sum() + kernels.global_avg_pool2d_reference(x).sum()),
 }

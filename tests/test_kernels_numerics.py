@@ -185,6 +185,11 @@ CASES = {
                                                        ((0, 0), (0, 0), (1, 1), (0, 1))) / 9),
     "global_avg_pool": _pool_case((2, 5, 9, 7), kernels.global_avg_pool2d,
                                   lambda x: jnp.mean(x, axis=(2, 3), keepdims=True)),
+    # rows of 37: two vectors and a partial one (AVX-512), in tasks of whole rows
+    "softmax": _pool_case((3, 7, 37), kernels.softmax, kernels.softmax_reference),
+    "layer_norm": (lambda rng: (_normal(rng, (5, 9, 37)), _normal(rng, 37), _normal(rng, 37)),
+                   lambda x, g, b: kernels.layer_norm(x, g, b, epsilon=1e-3),
+                   lambda x, g, b: kernels.layer_norm_reference(x, g, b, 1e-3)),
 }
 
 

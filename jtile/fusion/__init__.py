@@ -8,8 +8,9 @@ Recipes, applied in this order whatever order they are named in:
   (a dilated conv larger than its input reads padding with the others).
 - `fold_batchnorm`: fold the affine chain after a conv or dot (batch norm as
   the zoo and the ONNX importer lower it) into the weights and one bias add.
-- `dense`: `dot_general -> add(bias) -> activation` becomes one `dense` op,
-  whichever operand holds the weight (`x @ W + b`, `W @ x + b`).
+- `dense`: `dot_general -> add(bias) [-> add(residual)] -> activation`
+  becomes one `dense` op, whichever operand holds the weight (`x @ W + b`,
+  `W @ x + b`); the residual is a transformer's shortcut.
 - `conv_bias_act`: `conv -> add(bias) [-> add(residual)] -> relu / relu6 /
   clip / leaky relu` becomes one `conv_bias_act` op (see `jtile._fused`),
   which `swap_backend` maps to one kernel call. The residual is a ResNet

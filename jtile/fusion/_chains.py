@@ -10,9 +10,10 @@ is computed in the graph: with traced params XLA folds nothing; close over the
 params (`fold_params`) to get folded constants.
 
 `BiasAct` turns `op -> add(bias) -> activation` into one `conv_bias_act` or
-`dense` op. A conv chain also takes one residual before its activation: an
-`add` whose other operand has the output's shape (a ResNet shortcut), or
-another conv chain (a downsampling shortcut, finished first and added). The
+`dense` op. A chain also takes one residual before its activation: an `add`
+whose other operand has the output's shape (a ResNet's or a transformer's
+shortcut), or another chain (a downsampling shortcut, finished first and
+added). The
 bias may be on either side of the add; it must be a scalar or vary along one
 output axis (for a conv, the feature axis). Activations recognised:
 
@@ -50,6 +51,7 @@ from jax import lax
 
 from .. import _fused
 from .._interpreter import bind
+from .._layers import dense_weight_axis
 from ._plan import ChainRecipe, Deferred, Pending, finish_pending
 
 _AFFINE = frozenset({"add", "sub", "mul", "div"})
@@ -428,7 +430,7 @@ class BiasAct(ChainRecipe):
 
     def __init__(self, start: str):
         self.starts = frozenset({start})
-        self._residuals = start == "conv_general_dilated"
+        self._residuals = start in ("conv_general_dilated", "dot_general")
 
     def accepts(self, eqn, pos, consts):
         name = eqn.primitive.name
@@ -495,13 +497,17 @@ class BiasAct(ChainRecipe):
 
     def _residual(self, chain, other, eqn):
         """`chain + other` with `other` (a value, or a pending chain finished
-        here) as the chain's residual, if the chain has none and no activation yet."""
+        here) as the chain's residual, if the chain (a conv, or a dense `x @ w`)
+        has none and no activation yet."""
         if not isinstance(chain, _Chain) or chain.shared or chain.activation or chain.residual is not None:
             return None
+        if chain.eqn.primitive.name == "dot_general" and dense_weight_axis(chain.eqn) is None:
+            return None  # a batched product plus a full operand (attention's mask) stays a matmul
         if isinstance(other, Pending) and not isinstance(other.state, _Chain):
             return None
         residual = finish_pending(self, other)
-        if tuple(residual.shape) != tuple(eqn.outvars[0].aval.shape):
+        if tuple(residual.shape) != tuple(eqn.outvars[0].aval.shape) or tuple(residual.shape) != tuple(
+                chain.eqn.outvars[0].aval.shape):
             return None
         return dataclasses.replace(chain, residual=residual)
 
@@ -521,6 +527,8 @@ class BiasAct(ChainRecipe):
 
     def finish(self, chain):
         eqn, (x, w) = chain.eqn, chain.invals
+        if eqn.primitive.name == "dot_general" and chain.shift is None and not chain.activation and chain.residual is None:
+            return bind(eqn, x, w)[0]  # nothing absorbed (a residual refused): the product keeps its kind
         dtype = eqn.outvars[0].aval.dtype
         bias = _as_dtype(0.0 if chain.shift is None else chain.shift, dtype)
         params = dict(eqn.params)
@@ -528,4 +536,5 @@ class BiasAct(ChainRecipe):
         if eqn.primitive.name == "conv_general_dilated":
             residual = None if chain.residual is None else _as_dtype(chain.residual, dtype)
             return _fused.conv_bias_act(x, w, bias, residual, activation=chain.activation, **params)
-        return _fused.dense(x, w, bias, activation=chain.activation, **params)
+        residual = None if chain.residual is None else _as_dtype(chain.residual, dtype)
+        return _fused.dense(x, w, bias, residual, activation=chain.activation, **params)

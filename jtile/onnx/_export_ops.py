@@ -279,8 +279,10 @@ def _conv_bias_act(g, eqn, x, w, bias, *residual):
     return activation(g, y, eqn.params["activation"], _out(eqn).dtype)
 
 
-def _dense(g, eqn, lhs, rhs, bias):
+def _dense(g, eqn, lhs, rhs, bias, *residual):
     y = g.node("Add", [dot(g, eqn, lhs, rhs), bias])
+    if residual:
+        y = g.node("Add", [y, residual[0]])
     return activation(g, y, eqn.params["activation"], _out(eqn).dtype)
 
 
@@ -313,6 +315,28 @@ def _resize(g, eqn, x):
                   coordinate_transformation_mode=p["coords"], cubic_coeff_a=p["cubic_a"],
                   exclude_outside=int(p["exclude_outside"]), extrapolation_value=p["extrapolation"],
                   antialias=int(p["antialias"]))
+
+
+def _trailing_axes(eqn) -> int:
+    """The first of a row normalisation's axes, which must be the trailing ones."""
+    axes, rank = tuple(eqn.params["axes"]), len(_in_shape(eqn))
+    if not axes or axes != tuple(range(rank - len(axes), rank)):
+        _fail(eqn, f"ONNX normalises trailing axes; axes {axes} of a rank-{rank} input are not")
+    return axes[0]
+
+
+def _softmax(g, eqn, x):
+    """jtile's fused `softmax` as one ONNX Softmax (over several trailing axes:
+    on the input flattened to 2-D there, then reshaped back)."""
+    first, shape = _trailing_axes(eqn), _in_shape(eqn)
+    if first == len(shape) - 1:
+        return g.node("Softmax", [x], axis=first)
+    flat = (int(np.prod(shape[:first])), int(np.prod(shape[first:])))
+    return _reshape(g, g.node("Softmax", [_reshape(g, x, shape, flat)], axis=1), flat, shape)
+
+
+def _layer_norm(g, eqn, x, scale, bias):
+    return g.node("LayerNormalization", [x, scale, bias], axis=_trailing_axes(eqn), epsilon=eqn.params["epsilon"])
 
 
 _EMITTERS = {  # registered below, one registry entry each
@@ -364,6 +388,8 @@ _EMITTERS = {  # registered below, one registry entry each
     "conv_bias_act": _conv_bias_act,
     "dense": _dense,
     "resize": _resize,
+    "softmax": _softmax,
+    "layer_norm": _layer_norm,
     "gather": _gather,
 }
 

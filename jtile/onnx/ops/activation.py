@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ... import _fused
 from . import register, xp
 
 
@@ -58,31 +59,22 @@ def hard_swish(node, x):
     return x * jnp.clip(x * np.asarray(1 / 6, x.dtype) + np.asarray(0.5, x.dtype), 0, 1).astype(x.dtype)
 
 
-def _softmax_axes(node, x):
+def _softmax_axes(node, x) -> tuple[int, ...]:
     rank = np.ndim(x)
     if node.schema < 13:
         return tuple(range(node.axis(node.attr("axis", 1), rank), rank))
-    return node.axis(node.attr("axis", -1), rank)
-
-
-def _shifted(x, axes):
-    """`x - max(x)`, shifted twice. XLA on CPU may contract a producer of `x` (a
-    mean's `sum * 1/n`) into an FMA with the subtraction, so `x - max(x)` is the
-    product's rounding error rather than 0, and for |x| ~ 1e9 every exp underflows.
-    The second shift subtracts that same error back out."""
-    z = x - jnp.max(x, axis=axes, keepdims=True)
-    return z - jnp.max(z, axis=axes, keepdims=True)
+    return (node.axis(node.attr("axis", -1), rank),)
 
 
 @register("Softmax", since=1)
 def softmax(node, x):
-    e = jnp.exp(_shifted(x, _softmax_axes(node, x)))
-    return e / jnp.sum(e, axis=_softmax_axes(node, x), keepdims=True)
+    """jtile's fused `softmax` (`jtile._fused.softmax_p`), which a swap runs on a kernel."""
+    return _fused.softmax(x, axes=_softmax_axes(node, x))
 
 
 @register("LogSoftmax", since=1)
 def log_softmax(node, x):
-    z = _shifted(x, _softmax_axes(node, x))
+    z = _fused.shift_by_max(x, _softmax_axes(node, x))
     return z - jnp.log(jnp.sum(jnp.exp(z), axis=_softmax_axes(node, x), keepdims=True))
 
 

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ... import _fused
 from ..._regions import centered
 from . import register
 
@@ -81,6 +82,10 @@ def layer_norm(node, x, scale, bias=None):
     rank = np.ndim(x)
     axis = node.axis(node.attr("axis", -1), rank)
     axes = tuple(range(axis, rank))
+    if node.n_outputs <= 1 and jnp.result_type(x, scale, *([] if bias is None else [bias])) == jnp.float32:
+        zero = np.zeros((), np.float32)
+        return _fused.layer_norm(x, scale, zero if bias is None else bias, axes=axes,
+                                 epsilon=node.attr("epsilon", 1e-5))
     z = _stash(node, jnp.asarray(x))
     mean = jnp.mean(z, axis=axes, keepdims=True)
     centred = z - mean
