@@ -239,38 +239,28 @@ inline V vload_partial_or(const float* p, int n, float fill) {
   return vselect_lt(vload(lane), vset1((float)n), vload_partial(p, n), vset1(fill));
 }
 
-// The sum of x's lanes.
-inline float vsum_lanes(V x) {
+// x's lanes folded by `op` (a lanewise V op), in a tree of halves with AVX-512.
+template <typename Op>
+inline float vfold_lanes(V x, Op op) {
 #if defined(__AVX512F__)
-  __m512 t = _mm512_add_ps(x.v, _mm512_maskz_shuffle_f32x4(0xffff, x.v, x.v, _MM_SHUFFLE(1, 0, 3, 2)));
-  t = _mm512_add_ps(t, _mm512_maskz_shuffle_f32x4(0xffff, t, t, _MM_SHUFFLE(2, 3, 0, 1)));
-  t = _mm512_add_ps(t, _mm512_maskz_permute_ps(0xffff, t, _MM_SHUFFLE(1, 0, 3, 2)));
-  return _mm512_cvtss_f32(_mm512_add_ps(t, _mm512_maskz_permute_ps(0xffff, t, _MM_SHUFFLE(2, 3, 0, 1))));
+  x = op(x, V{_mm512_maskz_shuffle_f32x4(0xffff, x.v, x.v, _MM_SHUFFLE(1, 0, 3, 2))});
+  x = op(x, V{_mm512_maskz_shuffle_f32x4(0xffff, x.v, x.v, _MM_SHUFFLE(2, 3, 0, 1))});
+  x = op(x, V{_mm512_maskz_permute_ps(0xffff, x.v, _MM_SHUFFLE(1, 0, 3, 2))});
+  return vfirst(op(x, V{_mm512_maskz_permute_ps(0xffff, x.v, _MM_SHUFFLE(2, 3, 0, 1))}));
 #else
   alignas(64) float lanes[W];
   vstore(lanes, x);
-  float s = 0.0f;
-  for (float v : lanes) s += v;
-  return s;
+  V r = vset1(lanes[0]);
+  for (int i = 1; i < W; ++i) r = op(r, vset1(lanes[i]));
+  return vfirst(r);
 #endif
 }
 
+// The sum of x's lanes.
+inline float vsum_lanes(V x) { return vfold_lanes(x, vadd); }
+
 // The largest of x's lanes, NaN if one is NaN.
-inline float vmax_lanes(V x) {
-#if defined(__AVX512F__)
-  if (_mm512_cmp_ps_mask(x.v, x.v, _CMP_UNORD_Q)) return std::numeric_limits<float>::quiet_NaN();
-  __m512 t = _mm512_max_ps(x.v, _mm512_maskz_shuffle_f32x4(0xffff, x.v, x.v, _MM_SHUFFLE(1, 0, 3, 2)));
-  t = _mm512_max_ps(t, _mm512_maskz_shuffle_f32x4(0xffff, t, t, _MM_SHUFFLE(2, 3, 0, 1)));
-  t = _mm512_max_ps(t, _mm512_maskz_permute_ps(0xffff, t, _MM_SHUFFLE(1, 0, 3, 2)));
-  return _mm512_cvtss_f32(_mm512_max_ps(t, _mm512_maskz_permute_ps(0xffff, t, _MM_SHUFFLE(2, 3, 0, 1))));
-#else
-  alignas(64) float lanes[W];
-  vstore(lanes, x);
-  float m = lanes[0];
-  for (float v : lanes) m = std::isnan(m) || std::isnan(v) ? std::numeric_limits<float>::quiet_NaN() : std::max(m, v);
-  return m;
-#endif
-}
+inline float vmax_lanes(V x) { return vfold_lanes(x, vmax_nan); }
 
 // ---------------------------------------------------------------------------
 // parallel_for(pool, n, fn): call fn(i) (or fn(i, worker)) for i in [0, n) on
