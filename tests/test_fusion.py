@@ -151,6 +151,12 @@ def test_dense_takes_a_transformer_shortcut_as_its_residual(tree_allclose, order
     eqns = [e for e in iter_eqns(make_jaxpr(fused, x, w1, w2, b1, b2).jaxpr) if e.primitive.name == "dense"]
     assert [len(e.invars) for e in eqns] == [3, 4]
     assert _same(fused, block, x, w1, w2, b1, b2, tree_allclose=tree_allclose, rtol=1e-5, atol=1e-5)
+    # exported as MatMul, Add (bias), Add (shortcut)
+    from onnx.reference import ReferenceEvaluator
+
+    proto = jtile.onnx.export(lambda x: fused(x, w1, w2, b1, b2), x)
+    (got,) = ReferenceEvaluator(proto).run(None, {proto.graph.input[0].name: x})
+    np.testing.assert_allclose(got, block(x, w1, w2, b1, b2), rtol=1e-5, atol=1e-5)
 
 
 def test_a_batched_product_plus_a_mask_stays_a_product():

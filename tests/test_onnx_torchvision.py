@@ -207,6 +207,44 @@ def test_exported_vit_runs_on_the_dense_and_matmul_kernels(exporter, opset):
     assert relative_error(jax.jit(swapped)(x.numpy()), onnxruntime_outputs(data, x.numpy())[0]) < RTOL
 
 
+@pytest.mark.parametrize("exporter,opset", [("torchscript", 17), ("dynamo", 18)])
+def test_exported_vit_runs_its_norms_softmaxes_scales_and_shortcuts_on_the_kernels(exporter, opset):
+    """Under `auto`: every layer norm and softmax on the row kernels, the
+    attention's 1 / sqrt(head width) applied by the scores product, and each
+    MLP's shortcut added by its second dense layer."""
+    from jtile.algorithms import swap_backend
+    from jtile.fusion import fold_params
+
+    _, x, data = exported("tiny_vit", exporter, opset)
+    imported = jtile.onnx.load(data)
+    swapped = swap_backend(fold_params(imported.fn, imported.params), algorithms="auto")
+    calls = [e for e in iter_eqns(jax.make_jaxpr(swapped)(x.numpy()).jaxpr) if e.primitive.name == "ffi_call"]
+    targets = [e.params["target_name"] for e in calls]
+    layers, width = 2, 16  # _tiny_vit: 2 layers of 2 heads over 32 features
+    assert targets.count("jtile_layer_norm") == 2 * layers + 1 and targets.count("jtile_softmax") == layers
+    scales = [float(dict(e.params["attributes"])["scale"]) for e in calls if e.params["target_name"] == "jtile_matmul"]
+    assert scales == [width ** -0.5, 1.0] * layers
+    residuals = [e.invars[3].aval.shape for e in calls if e.params["target_name"] == "jtile_dense"]
+    assert residuals.count((17, 32)) == layers  # 16 patches and the class token
+    assert relative_error(jax.jit(swapped)(x.numpy()), onnxruntime_outputs(data, x.numpy())[0]) < RTOL
+
+
+def test_exported_regnet_holds_two_groups_in_a_vector():
+    """RegNet-Y's grouped 3x3 convs (groups of 8 channels) on `grouped` with
+    two groups a vector (AVX-512; one with AVX2's 8 lanes)."""
+    from jtile.algorithms import swap_backend
+    from jtile.fusion import fold_params
+
+    _, x, data = exported("regnet_y_400mf", "torchscript", 17)
+    imported = jtile.onnx.load(data)
+    swapped = swap_backend(fold_params(imported.fn, imported.params), algorithms="auto")
+    grouped = [dict(e.params["attributes"]) for e in iter_eqns(jax.make_jaxpr(swapped)(x.numpy()).jaxpr)
+               if e.primitive.name == "ffi_call" and e.params["target_name"] == "jtile_conv_grouped"]
+    per_vector = [int(a["groups_per_vector"]) for a in grouped if int(np.asarray(a["conv"].val)[-1]) > 1]
+    assert per_vector == [jtile.kernels.vector_lanes() // 8] * 16  # 16 blocks, one grouped conv each
+    assert relative_error(jax.jit(swapped)(x.numpy()), onnxruntime_outputs(data, x.numpy())[0]) < RTOL
+
+
 @pytest.mark.parametrize("name", ["squeezenet1_1", "googlenet"])
 def test_exported_branches_are_concatenated_in_place(name):
     """SqueezeNet's fire modules and GoogLeNet's inception blocks under
