@@ -259,20 +259,23 @@ def _resize_macs(eqn) -> Counter:
 register("resize", describe=_describe_resize, macs=_resize_macs, activations=(0,))
 
 
-def _describe_row_norm(kind: str):
+def describe_as(kind: str):
+    """A `describe` facet: the equation as a plain `Layer` of `kind` (the row
+    normalisations, as fused ops and as kernel calls)."""
     def describe(eqn) -> Layer:
         return Layer(kind=kind, **layer_fields(eqn))
 
     return describe
 
 
-def _elements(category: str):
+def element_macs(category: str):
+    """A `macs` facet: one operation of `category` per element of the first operand."""
     def macs(eqn) -> Counter:
         return Counter({category: math.prod(eqn.invars[0].aval.shape)})
 
     return macs
 
 
-register("softmax", describe=_describe_row_norm("softmax"), macs=_elements("activation"), activations=(0,))
-register("layer_norm", describe=_describe_row_norm("layer_norm"), macs=_elements("norm"), weights=(1, 2),
+register("softmax", describe=describe_as("softmax"), macs=element_macs("activation"), activations=(0,))
+register("layer_norm", describe=describe_as("layer_norm"), macs=element_macs("norm"), weights=(1, 2),
          activations=(0,))

@@ -225,15 +225,16 @@ def _dot_rule(splitter: _Splitter, eqn, lhs, rhs):
     return bind(eqn, lhs, rhs)[0] if out is None else out
 
 
-def _dense_rule(splitter: _Splitter, eqn, lhs, rhs, bias):
+def _dense_rule(splitter: _Splitter, eqn, lhs, rhs, bias, *residual):
     p = eqn.params
     y = _split_dot(
         splitter, lhs, rhs, p["dimension_numbers"], p["precision"],
         p["preferred_element_type"], eqn.outvars[0].aval.dtype,
     )
     if y is None:
-        return bind(eqn, lhs, rhs, bias)[0]
-    return _fused.activate(y + bias, p["activation"])
+        return bind(eqn, lhs, rhs, bias, *residual)[0]
+    y = y + bias
+    return _fused.activate(y + residual[0] if residual else y, p["activation"])
 
 
 def _check_limit(name: str, value) -> int | None:

@@ -99,7 +99,7 @@ from jax import lax
 from . import _call_times, _registry
 from ._call_times import CallTimes, KernelCall
 from ._errors import ConfigError, KernelsUnavailableWarning, UnsupportedError
-from ._fused import activate
+from ._fused import activate, describe_as, element_macs
 from ._interpreter import eager_if_known, is_known, on_host, shared, to_device
 from ._regions import SlidingWindow
 from ._views import Strided
@@ -1650,10 +1650,9 @@ for _kind in ("max", "avg", "global"):
     _registry.register(f"ffi_call:{_name}", describe=_describe_pool_call(_kind), macs=_call_macs,
                        activations=(0,))
 
-_registry.register("ffi_call:jtile_softmax", describe=lambda eqn: _layer(eqn, "softmax"),
-                   macs=lambda eqn: Counter({"activation": math.prod(eqn.invars[0].aval.shape)}), activations=(0,))
-_registry.register("ffi_call:jtile_layer_norm", describe=lambda eqn: _layer(eqn, "layer_norm"),
-                   macs=lambda eqn: Counter({"norm": math.prod(eqn.invars[0].aval.shape)}),
+_registry.register("ffi_call:jtile_softmax", describe=describe_as("softmax"), macs=element_macs("activation"),
+                   activations=(0,))
+_registry.register("ffi_call:jtile_layer_norm", describe=describe_as("layer_norm"), macs=element_macs("norm"),
                    weights=(1, 2), activations=(0,))
 
 LIBRARY_PATH, _UNAVAILABLE = _load_library()

@@ -1,4 +1,5 @@
 import collections
+import functools
 import math
 import os
 
@@ -308,3 +309,18 @@ def test_looped_emission_runs_fused_dense_and_the_ffi_kernel(tree_allclose):
 def test_bad_emission_raises():
     with pytest.raises(jtile.ConfigError, match="emit must be one of"):
         split_gemm(jnp.matmul, max_m=8, emit="scan")
+
+
+@pytest.mark.parametrize("order", ["fuse first", "split first"])
+def test_split_gemm_and_a_dense_shortcut_compose(order):
+    """A fused dense that adds a transformer's shortcut splits like any dense,
+    shortcut included, in either order of the two transforms."""
+    rng = np.random.default_rng(0)
+    x, w1, w2 = (rng.standard_normal(s).astype(np.float32) for s in ((6, 8), (8, 16), (16, 8)))
+
+    def block(x):
+        return x + jax.nn.relu(x @ w1) @ w2
+
+    split = functools.partial(jtile.split_gemm, max_m=4, max_k=8, max_n=8)
+    both = split(fusion.fuse(block)) if order == "fuse first" else fusion.fuse(split(block))
+    np.testing.assert_allclose(jax.jit(both)(x), block(x), rtol=1e-5, atol=1e-5)
