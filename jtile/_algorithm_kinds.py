@@ -600,14 +600,22 @@ def _pool_spec(eqn) -> tuple[int, ...]:
 
 
 def _pool_run(kernel: str):
-    def run(eqn, x, *, producers):
+    def run(eqn, x, *, producers, **prologue):  # (prologue=: see pool_takes_prologue)
         if eqn.primitive.name == "reduce_sum":  # the average, shaped as the sum it replaces
             return _kernels().global_avg_pool2d(x).reshape(eqn.outvars[0].aval.shape)
         spec = _pool_spec(eqn)
-        y = getattr(_kernels(), kernel)(_reorder(x, spec), *_pool_window(eqn))
+        y = getattr(_kernels(), kernel)(_reorder(x, spec), *_pool_window(eqn), **prologue)
         return _restore(y, spec)
 
     return run
+
+
+def pool_takes_prologue(pool) -> bool:
+    """Whether the swapped average pool whose sum is the equation `pool` can
+    apply a per-channel prologue to its input (`kernels.avg_pool2d(prologue=)`):
+    an NCHW window smaller than the image."""
+    return (pool.primitive.name == "reduce_window_sum" and pool_axes(pool) == (2, 3)
+            and tuple(pool.params["window_dimensions"][2:]) != tuple(pool.invars[0].aval.shape[2:]))
 
 
 def find_avg_pools(graph: Graph) -> dict[int, int]:

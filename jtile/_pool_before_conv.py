@@ -7,7 +7,8 @@ MACs: 3 of DenseNet-121's 120 convs, 11% of its MACs. `swap_backend` pools the
 conv's input by the pool's own algorithm (its kernel where swapped: XLA's
 `reduce_window`, fused with the batch norm and ReLU before it, took 0.4-1.1
 ms a transition) and runs the conv on the pooled image; the pool's equations
-pass the conv's output on.
+pass the conv's output on. The conv's prologue chain, if any
+(`jtile._conv_prologue`), goes to the pool's kernel.
 """
 
 from ._graph import Graph

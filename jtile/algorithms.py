@@ -263,9 +263,12 @@ def _plan(closed: jcore.ClosedJaxpr, selectors: dict[str, Selector]) -> _Plan:
     for pool in plan.pools_first.values():
         plan.dropped |= {id(pool), avg_pools[id(pool)]}
 
-    def takes_prologue(conv) -> bool:  # (an input pooled first is not the chain's output any more)
-        return (swapped_conv(conv) and id(conv) not in plan.pools_first
-                and kinds.takes_prologue(conv, plan.swaps[id(conv)].name))
+    def takes_prologue(conv) -> bool:  # (an input pooled first: the pool's kernel applies it)
+        if not swapped_conv(conv):
+            return False
+        if id(conv) in plan.pools_first:
+            return id(plan.pools_first[id(conv)]) in plan.swaps and kinds.pool_takes_prologue(plan.pools_first[id(conv)])
+        return kinds.takes_prologue(conv, plan.swaps[id(conv)].name)
 
     plan.prologues = find_prologues(graph, takes_prologue)
     chain_convs = {step: op for op in graph.ops if id(op.eqn) in plan.prologues
@@ -335,10 +338,12 @@ def _rules(plan: _Plan) -> dict:
             return kinds.run_expanded(eqn, plan.expansions[id(eqn)], expansion_operands.pop(id(eqn)), *invals,
                                       **layout)
         run = plan.swaps[id(eqn)].run
+        prologue = _prologue(eqn, plan.prologues[id(eqn)], operands.pop(id(eqn))) if id(eqn) in plan.prologues else None
         if id(eqn) in plan.pools_first:  # the pool's sum and division, dropped, pass this output on
-            return run(eqn, _average(plan, plan.pools_first[id(eqn)], invals[0]), *invals[1:], producers=plan.producers)
-        if id(eqn) in plan.prologues:
-            run = functools.partial(run, prologue=_prologue(eqn, plan.prologues[id(eqn)], operands.pop(id(eqn))))
+            pooled = _average(plan, plan.pools_first[id(eqn)], invals[0], prologue)
+            return run(eqn, pooled, *invals[1:], producers=plan.producers)
+        if prologue is not None:
+            run = functools.partial(run, prologue=prologue)
         if id(eqn) in plan.prefix_readers:
             run = functools.partial(run, reads_prefix=True)
         if id(eqn) in plan.blocked.readers:
@@ -371,11 +376,12 @@ def _read(source, values: dict):
     return values[source.base], source.view, scales
 
 
-def _average(plan: _Plan, pool, x):
+def _average(plan: _Plan, pool, x, prologue=None):
     """The average pool whose sum is the equation `pool`, of `x`: by the pool's
-    own algorithm (its kernel, if swapped)."""
+    own algorithm (its kernel, if swapped, which applies a conv's `prologue`)."""
     if id(pool) in plan.swaps:
-        return plan.swaps[id(pool)].run(pool, x, producers=plan.producers)
+        return plan.swaps[id(pool)].run(pool, x, producers=plan.producers,
+                                        **({} if prologue is None else {"prologue": prologue}))
     return bind(pool, x)[0] / math.prod(pool.params["window_dimensions"])
 
 

@@ -510,16 +510,16 @@ def _call_macs(eqn):
     category = {"conv2d": "conv", "dense": "dense"}.get(layer.kind, "pool")
     adds = [v for v in eqn.invars[2:4] if math.prod(v.aval.shape)] if category != "pool" else []
     activation = dict(eqn.params["attributes"] or ()).get("activation")
-    return (Counter({category: outputs * per_output}) + pooling + _prologue_macs(eqn)
-            + epilogue(eqn, len(adds), activation, outputs))
+    return (Counter({category: outputs * per_output}) + pooling
+            + _prologue_macs(eqn, 1 if category == "pool" else 5) + epilogue(eqn, len(adds), activation, outputs))
 
 
-def _prologue_macs(eqn) -> Counter:
-    """A conv call's prologue: a subtract, a multiply and an add per input
-    element, and its activation."""
+def _prologue_macs(eqn, position: int) -> Counter:
+    """A conv's or average pool's prologue (its operand at `position`): a
+    subtract, a multiply and an add per input element, and its activation."""
     from ._macs import epilogue
 
-    if len(eqn.invars) < 6 or not math.prod(eqn.invars[5].aval.shape):
+    if len(eqn.invars) <= position or not math.prod(eqn.invars[position].aval.shape):
         return Counter()
     x = eqn.invars[0].aval.shape
     channels = _attribute(eqn, "x_channels")  # what it reads of a larger x
@@ -878,17 +878,22 @@ def _checked_prologue(name: str, algo: ConvAlgorithm, spec: ConvSpec, prologue):
     float32 `(C,)`, checked; or None."""
     if prologue is None:
         return None
-    reason = _extra_support(name, "prologue", spec)
+    return _prologue_arrays("conv2d", "conv", prologue, spec.x_shape[1], _extra_support(name, "prologue", spec))
+
+
+def _prologue_arrays(where: str, layer: str, prologue, channels: int, reason: str | None = None) -> tuple:
+    """A kernel's per-channel `prologue` as `(shift, scale, bias, activation)`,
+    each array float32 `(channels,)`, checked; `reason`: why the `layer` cannot
+    take one at all, or None."""
     if reason is None and (not isinstance(prologue, (tuple, list)) or len(prologue) != 4):
         reason = "it must be (shift, scale, bias, activation)"
     if reason is None and prologue[3] not in (None, "relu", "relu6"):
         reason = f"its activation must be None, 'relu' or 'relu6', got {prologue[3]!r}"
-    channels = spec.x_shape[1]
     if reason is None and any(jnp.shape(a) != (channels,) for a in prologue[:3]):
         reason = f"shift, scale and bias must each have shape ({channels},)"
     if reason is not None:
-        raise ConfigError(f"conv2d: prologue: {reason}; apply it to x before the conv instead")
-    _require_float32("conv2d", shift=prologue[0], scale=prologue[1], bias=prologue[2])
+        raise ConfigError(f"{where}: prologue: {reason}; apply it to x before the {layer} instead")
+    _require_float32(where, shift=prologue[0], scale=prologue[1], bias=prologue[2])
     return (*(jnp.asarray(a) for a in prologue[:3]), prologue[3])
 
 
@@ -1501,11 +1506,12 @@ def global_avg_pool2d_reference(x: jax.Array) -> jax.Array:
     return jnp.mean(x, axis=(2, 3), keepdims=True)
 
 
-def _pool_call(target: str, out_shape, x, reference: Callable, **attrs) -> jax.Array:
+def _pool_call(target: str, out_shape, x, reference: Callable, *more, **attrs) -> jax.Array:
+    """`target` on x (and the constant operands `more`), gradients of `reference`."""
     out = jax.ShapeDtypeStruct(out_shape, jnp.float32)
 
     def kernel(x):
-        return _call(target, out, x, vmap_method="broadcast_all", **attrs)
+        return _call(target, out, x, *more, vmap_method="broadcast_all", **attrs)
 
     return _with_reference_vjp(kernel, reference)(x)
 
@@ -1523,13 +1529,36 @@ def max_pool2d(x: jax.Array, window: Pair, stride: Pair, padding: Padding = ((0,
 
 
 def avg_pool2d(x: jax.Array, window: Pair, stride: Pair, padding: Padding = ((0, 0), (0, 0)),
-               count_include_pad: bool = True) -> jax.Array:
-    """NCHW average pooling by the C kernel; see `avg_pool2d_reference`."""
+               count_include_pad: bool = True,
+               prologue: tuple[jax.Array, jax.Array, jax.Array, str | None] | None = None) -> jax.Array:
+    """NCHW average pooling by the C kernel; see `avg_pool2d_reference`.
+
+    `prologue=(shift, scale, bias, activation)`, each `(C,)`, pools
+    `activation((x - shift) * scale + bias)` (activation None, "relu" or
+    "relu6") without writing it: a folded batch norm and its ReLU, applied as
+    the kernel reads x (padding stays 0). Not for a window that is the whole
+    image (use `global_avg_pool2d` after applying it)."""
     window, stride, padding = _pool_config(window, stride, padding)
     out_shape = _pool_out_shape("avg_pool2d", x, window, stride, padding)
-    reference = lambda x: avg_pool2d_reference(x, window, stride, padding, count_include_pad)  # noqa: E731
-    return _pool_call("jtile_avg_pool2d", out_shape, x, reference, pool=_pool_attr(window, stride, padding),
-                      count_include_pad=np.int64(bool(count_include_pad)))
+    attrs = dict(pool=_pool_attr(window, stride, padding), count_include_pad=np.int64(bool(count_include_pad)))
+    if prologue is None:
+        attrs["prologue_activation"] = np.int64(0)
+        reference = lambda x: avg_pool2d_reference(x, window, stride, padding, count_include_pad)  # noqa: E731
+        return _pool_call("jtile_avg_pool2d", out_shape, x, reference, np.zeros((0,), np.float32), **attrs)
+    whole = out_shape[2:] == (1, 1) and window == jnp.shape(x)[2:] and not any(map(any, padding))
+    prologue = _prologue_arrays("avg_pool2d", "pool", prologue, jnp.shape(x)[1],
+                                "the window is the whole image" if whole else None)
+    attrs["prologue_activation"] = np.int64(_ACTIVATIONS[prologue[3]])
+
+    def kernel(x, shift, scale, bias, stacked):
+        return _call("jtile_avg_pool2d", jax.ShapeDtypeStruct(out_shape, jnp.float32), x, stacked,
+                     vmap_method="sequential", **attrs)
+
+    def reference(x, shift, scale, bias):
+        x = activation_reference((x - shift[:, None, None]) * scale[:, None, None] + bias[:, None, None], prologue[3])
+        return avg_pool2d_reference(x, window, stride, padding, count_include_pad)
+
+    return _with_reference_vjp(kernel, reference, derived=1)(x, *prologue[:3], _kernel_stack(prologue[:3]))
 
 
 def global_avg_pool2d(x: jax.Array) -> jax.Array:

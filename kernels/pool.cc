@@ -3,6 +3,13 @@
 // task is one (n, c) plane; an output row is built by sweeping the window
 // taps over a row buffer, so the inner loop runs along contiguous output.
 // Attribute "pool" = [kh, kw, sh, sw, pad_top, pad_bottom, pad_left, pad_right].
+//
+// The average pool may apply a per-channel prologue to x as it reads it (the
+// "prologue" buffer, [shift, scale, bias] per channel of NCHW x, and the
+// "prologue_activation" attribute): act((x - shift) * scale + bias), the
+// folded batch norm and ReLU of a DenseNet transition whose average pool runs
+// before its 1x1 conv (jtile._pool_before_conv), so that they cost no pass of
+// their own. Padding is the pooled value's, 0, not transformed.
 #include <limits>
 #include <vector>
 
@@ -46,10 +53,12 @@ void plane_runs(ffi::ThreadPool& pool, int64_t planes, F&& fn) {
 // vectors), which holds `init` in the left and right padding and past the
 // end; each output vector then reads it once per column tap, W outputs at a
 // time at the window's stride (stride 2: two loads and a permute), with no
-// partial vectors or bounds checks. `combine` takes (float, float) and (V, V).
-template <typename Combine, typename Finish>
+// partial vectors or bounds checks. `combine` takes (float, float) and (V, V);
+// `transform(plane)` gives the function each input vector of the plane
+// passes through as it is read.
+template <typename Combine, typename Transform, typename Finish>
 void pool_rows(ffi::ThreadPool& pool, const PoolShape& p, const float* x, float init,
-               Combine combine, Finish finish) {
+               Combine combine, Transform transform, Finish finish) {
   const int64_t vectors = ceil_div(p.ow, W);
   // The last output vector reads up to (vectors * W - 1) * sw + kw - 1 (one more at stride 2).
   const int64_t length = std::max(vectors * W * p.sw + p.kw, p.pl + p.w) + W;
@@ -60,6 +69,7 @@ void pool_rows(ffi::ThreadPool& pool, const PoolShape& p, const float* x, float 
     float* row = padded.data() + p.pl;
     for (int64_t plane = first; plane < last; ++plane) {
       const float* in = x + plane * p.h * p.w;
+      const auto read = transform(plane);
       for (int64_t oy = 0; oy < p.oh; ++oy) {
         // The window's rows inside the input, combined in one pass.
         int count = 0;
@@ -72,13 +82,13 @@ void pool_rows(ffi::ThreadPool& pool, const PoolShape& p, const float* x, float 
         } else {
           int64_t i = 0;
           for (; i + W <= p.w; i += W) {
-            V v = vload(src[0] + i);
-            for (int j = 1; j < count; ++j) v = combine(v, vload(src[j] + i));
+            V v = read(vload(src[0] + i));
+            for (int j = 1; j < count; ++j) v = combine(v, read(vload(src[j] + i)));
             vstore(row + i, v);
           }
           if (const int rest = int(p.w - i); rest > 0) {
-            V v = vload_partial(src[0] + i, rest);
-            for (int j = 1; j < count; ++j) v = combine(v, vload_partial(src[j] + i, rest));
+            V v = read(vload_partial(src[0] + i, rest));
+            for (int j = 1; j < count; ++j) v = combine(v, read(vload_partial(src[j] + i, rest)));
             vstore_partial(row + i, v, rest);
           }
         }
@@ -169,6 +179,9 @@ struct Sum {
   V operator()(V a, V v) const { return vadd(a, v); }
 };
 
+// x as it is: the transform of every max pool and of an average pool without a prologue.
+constexpr auto as_read = [](int64_t) { return [](V v) { return v; }; };
+
 // Number of window taps of output index o that fall inside [0, size).
 int64_t taps_inside(int64_t o, int64_t stride, int64_t k, int64_t pad, int64_t size) {
   int64_t start = o * stride - pad;
@@ -192,32 +205,53 @@ ffi::Error MaxPool(ffi::ThreadPool pool, F32Buffer x, ffi::Span<const int64_t> a
     pool_flat_planes(pool, p, x.typed_data(), out, lowest, combine);
     return ffi::Error::Success();
   }
-  pool_rows(pool, p, x.typed_data(), lowest, combine,
+  pool_rows(pool, p, x.typed_data(), lowest, combine, as_read,
             [&](const float* acc, int64_t plane, int64_t oy) {
               std::memcpy(out + (plane * p.oh + oy) * p.ow, acc, p.ow * sizeof(float));
             });
   return ffi::Error::Success();
 }
 
-ffi::Error AvgPool(ffi::ThreadPool pool, F32Buffer x, ffi::Span<const int64_t> attr,
-                   int64_t count_include_pad, F32Result y) {
+ffi::Error AvgPool(ffi::ThreadPool pool, F32Buffer x, F32Buffer prologue, ffi::Span<const int64_t> attr,
+                   int64_t count_include_pad, int64_t prologue_activation, F32Result y) {
   PoolShape p;
   if (auto e = decode_pool(x, attr, y, &p); e.failure()) return e;
+  const bool has_prologue = prologue.element_count() > 0;
+  const auto xd = x.dimensions();
+  if (has_prologue && (xd.size() != 4 || (int64_t)prologue.element_count() != 3 * xd[1] || p.whole_plane))
+    return ffi::Error::InvalidArgument(
+        "jtile avg_pool2d: a prologue needs NCHW x, 3 x C values and a window smaller than the plane");
+  Epilogue act;
+  if (auto e = make_epilogue(prologue_activation, 0.0f, 0.0f, 6.0f, &act); e.failure()) return e;
   float* out = y->typed_data();
   const Sum combine;
-  if (p.whole_plane) {
-    const float size = float(p.h * p.w);
-    reduce_planes(pool, p.planes, p.h * p.w, x.typed_data(), out, 0.0f, combine, [size](float s) { return s / size; });
-    return ffi::Error::Success();
-  }
-  pool_rows(pool, p, x.typed_data(), 0.0f, combine, [&](const float* acc, int64_t plane, int64_t oy) {
+  auto finish = [&](const float* acc, int64_t plane, int64_t oy) {
     float* dst = out + (plane * p.oh + oy) * p.ow;
     int64_t rows = taps_inside(oy, p.sh, p.kh, p.pt, p.h);
     for (int64_t ox = 0; ox < p.ow; ++ox) {
       int64_t count = count_include_pad ? p.kh * p.kw : rows * taps_inside(ox, p.sw, p.kw, p.pl, p.w);
       dst[ox] = acc[ox] / (float)count;
     }
-  });
+  };
+  if (has_prologue) {
+    const int64_t channels = xd[1];
+    const float* values = prologue.typed_data();
+    act.visit([&](auto f) {
+      auto transform = [&](int64_t plane) {
+        const int64_t c = plane % channels;
+        const V shift = vset1(values[c]), scale = vset1(values[channels + c]), bias = vset1(values[2 * channels + c]);
+        return [=](V v) { return f(vadd(vmul(vsub(v, shift), scale), bias)); };
+      };
+      pool_rows(pool, p, x.typed_data(), 0.0f, combine, transform, finish);
+    });
+    return ffi::Error::Success();
+  }
+  if (p.whole_plane) {
+    const float size = float(p.h * p.w);
+    reduce_planes(pool, p.planes, p.h * p.w, x.typed_data(), out, 0.0f, combine, [size](float s) { return s / size; });
+    return ffi::Error::Success();
+  }
+  pool_rows(pool, p, x.typed_data(), 0.0f, combine, as_read, finish);
   return ffi::Error::Success();
 }
 
@@ -245,8 +279,10 @@ JTILE_DEFINE_HANDLER(JtileAvgPool2d, jtile::AvgPool,
                      xla::ffi::Ffi::Bind()
                          .Ctx<xla::ffi::ThreadPool>()
                          .Arg<jtile::F32Buffer>()
+                         .Arg<jtile::F32Buffer>()
                          .Attr<xla::ffi::Span<const int64_t>>("pool")
                          .Attr<int64_t>("count_include_pad")
+                         .Attr<int64_t>("prologue_activation")
                          .Ret<jtile::F32Buffer>());
 JTILE_DEFINE_HANDLER(JtileGlobalAvgPool2d, jtile::GlobalAvgPool,
                      xla::ffi::Ffi::Bind()

@@ -977,6 +977,9 @@ def test_average_pool_runs_before_the_linear_pointwise_conv(dense_layer, getkey,
     assert _conv_inputs(f, x) == [(1, 24, 7, 6)]  # the conv reads the pooled image
     got, want = jtile.summary(f, x).macs_by_category, jtile.summary(fuse(ref), x).macs_by_category
     assert 4 * got["conv"] == want["conv"]
+    # The pool's kernel applies the batch norm and ReLU as it reads x (XLA's pool: they stay before it).
+    assert ("sub" in _primitives(f, x)) == (algorithms != "auto")
+    assert got["norm"] == want["norm"] and got["activation"] == want["activation"]
 
 
 @pytest.mark.parametrize("case", ["relu after the conv", "padded pool", "conv output read twice", "conv on XLA"])
@@ -992,7 +995,7 @@ def test_average_pool_stays_after_a_conv_it_does_not_commute_with(dense_layer, g
 
 
 @pytest.mark.parametrize("case", ["max pool in the stem's conv", "batch norm in the 1x1 conv",
-                                  "average pool before the 1x1 conv"])
+                                  "average pool before the 1x1 conv", "batch norm in the average pool"])
 def test_gradients_through_the_rewritten_layers(case, request, getkey, tree_allclose):
     model, fixture, algorithms, shape, rewritten = {
         "max pool in the stem's conv": (_stem, "stem", {"conv2d": "grouped", "maxpool2d": "direct"}, (1, 3, 21, 21),
@@ -1001,6 +1004,8 @@ def test_gradients_through_the_rewritten_layers(case, request, getkey, tree_allc
                                        lambda f, *a: "sub" not in _primitives(f, *a)),
         "average pool before the 1x1 conv": (_transition, "dense_layer", {"conv2d": "smm"}, (1, 24, 8, 8),
                                              lambda f, *a: _conv_inputs(f, *a) == [(1, 24, 4, 4)]),
+        "batch norm in the average pool": (_transition, "dense_layer", {"conv2d": "smm", "avgpool2d": "auto"},
+                                           (1, 24, 8, 8), lambda f, *a: "sub" not in _primitives(f, *a)),
     }[case]
     params, x = request.getfixturevalue(fixture), jax.random.normal(getkey(), shape)
     loss = lambda p, x: jnp.sum(model(p, x) ** 2)  # noqa: E731

@@ -836,6 +836,37 @@ def test_conv_prologue_refuses_what_it_cannot_apply(algorithm, w_shape, groups, 
         kernels.conv2d(x, w, algorithm=algorithm, groups=groups, prologue=prologue)
 
 
+# An average pool that applies a per-channel prologue, act((x - shift) * scale
+# + bias), as it reads x: DenseNet's transition batch norm and ReLU once its
+# pool runs before the 1x1 conv. The padding is the pooled value's (0).
+@pytest.mark.parametrize("shape, window, stride, padding, include_pad", [
+    ((1, 32, 56, 56), (2, 2), (2, 2), ((0, 0), (0, 0)), True),   # a transition's pool
+    ((2, 5, 9, 11), (3, 3), (2, 2), ((1, 1), (1, 1)), False),    # batch 2, odd sizes, padding not counted
+    ((1, 3, 37, 45), (3, 2), (1, 3), ((2, 0), (0, 1)), True),    # rows of several vectors, padding counted
+])
+@pytest.mark.parametrize("activation", [None, "relu", "relu6"])
+def test_average_pool_applies_its_prologue(shape, window, stride, padding, include_pad, activation):
+    rng = np.random.default_rng(sum(shape))
+    x = _normal(rng, shape)
+    x.reshape(-1)[[1, 40]] = [np.nan, np.inf]
+    shift, scale, bias = (_normal(rng, shape[1]) for _ in range(3))
+    got = kernels.avg_pool2d(x, window, stride, padding, include_pad, prologue=(shift, scale, bias, activation))
+    y = kernels.activation_reference((x - shift[:, None, None]) * scale[:, None, None] + bias[:, None, None],
+                                     activation)
+    np.testing.assert_allclose(got, kernels.avg_pool2d_reference(y, window, stride, padding, include_pad), **TOL)
+
+
+@pytest.mark.parametrize("window, prologue, message", [
+    ((7, 7), None, "the window is the whole image"),
+    ((2, 2), (np.zeros(8, np.float32),) * 3 + ("silu",), "must be None, 'relu' or 'relu6'"),
+    ((2, 2), (np.zeros(4, np.float32),) * 3 + ("relu",), r"must each have shape \(8,\)"),
+])
+def test_average_pool_prologue_refuses_what_it_cannot_apply(window, prologue, message):
+    prologue = prologue or (np.zeros(8, np.float32), np.ones(8, np.float32), np.zeros(8, np.float32), "relu")
+    with pytest.raises(jtile.ConfigError, match=message):
+        kernels.avg_pool2d(np.zeros((1, 8, 7, 7), np.float32), window, window, prologue=prologue)
+
+
 def _bias_operands(fn, *args) -> list[tuple[int, ...]]:
     """The shape of every kernel call's bias operand (its third), as traced."""
     return [e.invars[2].aval.shape for e in iter_eqns(jax.make_jaxpr(fn)(*args).jaxpr)

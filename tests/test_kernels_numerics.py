@@ -183,6 +183,13 @@ CASES = {
     "avg_pool": _pool_case((2, 3, 11, 12), lambda x: kernels.avg_pool2d(x, **_POOL),
                            lambda x: lax.reduce_window(x, 0.0, lax.add, (1, 1, 3, 3), (1, 1, 2, 2),
                                                        ((0, 0), (0, 0), (1, 1), (0, 1))) / 9),
+    # DenseNet's transition: batch norm and ReLU applied as the pool reads x.
+    "avg_pool_prologue": (lambda rng: (_normal(rng, (2, 3, 11, 12)), _normal(rng, (3, 3))),
+                          lambda x, p: kernels.avg_pool2d(x, **_POOL, prologue=(*p, "relu")),
+                          lambda x, p: lax.reduce_window(jax.nn.relu((x - p[0, :, None, None]) * p[1, :, None, None]
+                                                                     + p[2, :, None, None]),
+                                                         0.0, lax.add, (1, 1, 3, 3), (1, 1, 2, 2),
+                                                         ((0, 0), (0, 0), (1, 1), (0, 1))) / 9),
     "global_avg_pool": _pool_case((2, 5, 9, 7), kernels.global_avg_pool2d,
                                   lambda x: jnp.mean(x, axis=(2, 3), keepdims=True)),
     # rows of 37: two vectors and a partial one (AVX-512), in tasks of whole rows
