@@ -159,6 +159,34 @@ def test_dense_takes_a_transformer_shortcut_as_its_residual(tree_allclose, order
     np.testing.assert_allclose(got, block(x, w1, w2, b1, b2), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("view", ["reshape and unit transpose", "reshape only", "transpose of two axes"])
+def test_dense_takes_a_shortcut_added_after_a_reshape(tree_allclose, view):
+    """torch's attention output projection: `(L, E) @ W + b`, reshaped to (L,
+    1, E), its unit axis moved first, plus the (1, L, E) shortcut. The shortcut
+    is the dense op's residual through reshapes and transposes of unit axes,
+    not through a transpose that reorders the elements."""
+    x, w, b = _normal(6, 8), _normal(8, 8, seed=1), _normal(8, seed=2)
+    shortcut = _normal(1, 6, 8, seed=3) if view != "transpose of two axes" else _normal(8, 6, seed=3)
+
+    def block(x, w, b, shortcut):
+        y = x @ w + b
+        if view == "reshape only":
+            y = y.reshape(1, 6, 8)
+        elif view == "reshape and unit transpose":
+            y = jnp.transpose(y.reshape(6, 1, 8), (1, 0, 2))
+        else:
+            y = y.T
+        return jax.nn.relu(y + shortcut)
+
+    fused = fusion.dense(block)
+    after = _ops(fused, x, w, b, shortcut)
+    eqns = [e for e in iter_eqns(make_jaxpr(fused, x, w, b, shortcut).jaxpr) if e.primitive.name == "dense"]
+    took = view != "transpose of two axes"
+    assert len(eqns[0].invars) == (4 if took else 3) and ("add" in after) != took
+    assert eqns[0].params["activation"] == (("relu",) if took else ())
+    assert _same(fused, block, x, w, b, shortcut, tree_allclose=tree_allclose, rtol=1e-5, atol=1e-5)
+
+
 def test_a_batched_product_plus_a_mask_stays_a_product():
     """Attention's scores plus an additive mask: no dense op, so the matmul kind keeps it."""
     q, k, mask = _normal(2, 5, 8), _normal(2, 8, 5, seed=1), _normal(2, 5, 5, seed=2)

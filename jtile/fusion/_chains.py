@@ -137,6 +137,7 @@ class _Chain:
     activation: tuple | None = None
     residual: object = None
     shared: bool = False  # the value branches into an activation's several uses (see `BiasAct.branch`)
+    view: tuple | None = None  # the shape a dense chain was reshaped to on its way (see `BiasAct`)
 
 
 def _as_dtype(value, dtype):
@@ -422,21 +423,39 @@ def _gelu(deferred):
     return dataclasses.replace(root, shared=False, activation=(form[0],))
 
 
+def _keeps_order(eqn) -> bool:
+    """A reshape, or a transpose that moves unit axes only: the elements stay in order."""
+    if eqn.primitive.name == "reshape":
+        return eqn.params.get("dimensions") is None
+    shape = eqn.invars[0].aval.shape
+    return [a for a in eqn.params["permutation"] if shape[a] != 1] == [a for a in range(len(shape)) if shape[a] != 1]
+
+
 class BiasAct(ChainRecipe):
-    """conv_bias_act / dense: `op -> add(bias) -> activation`, one fused op."""
+    """conv_bias_act / dense: `op -> add(bias) -> activation`, one fused op.
+
+    A dense chain continues through reshapes, and transposes of unit axes, that
+    keep its elements in order (`view`), so that a shortcut added after them is
+    its residual: torch's attention output projection is reshaped from (L, E)
+    to (L, 1, E) and transposed to (1, L, E) before the shortcut. Past a view
+    the chain takes a residual and an activation, not a bias."""
 
     _branch_only = frozenset({"ge", "mul", "div", "neg", "erf", "erfc", "tanh", "pow", "integer_pow"})
-    continues = _branch_only | {"add", "max", "min", "clamp", "select_n", "logistic"}
+    _views = frozenset({"reshape", "transpose"})
 
     def __init__(self, start: str):
         self.starts = frozenset({start})
         self._residuals = start in ("conv_general_dilated", "dot_general")
+        self._branch_ops = self._branch_only | {"add", "max", "min", "clamp", "select_n", "logistic"}
+        self.continues = self._branch_ops | (self._views if start == "dot_general" else frozenset())
 
     def accepts(self, eqn, pos, consts):
         name = eqn.primitive.name
         floating = _floating(eqn.outvars[0].aval)
         if name == "add":
             return _per_axis_operand(eqn, pos) or (self._residuals and _full_operand(eqn, pos))
+        if name in self._views:
+            return name in self.continues and _keeps_order(eqn)
         if name in ("max", "min"):
             return consts[1 - pos] is not None and floating
         if name == "select_n":  # the two halves of a leaky relu
@@ -450,7 +469,7 @@ class BiasAct(ChainRecipe):
         return name == "clamp" and pos == 1 and None not in (consts[0], consts[2])
 
     def accepts_users(self, users, consts, all_users):
-        return _branches_meet(users, consts, all_users, self.continues)
+        return _branches_meet(users, consts, all_users, self._branch_ops)
 
     def start(self, eqn, invals):
         return _Chain(eqn, tuple(invals), activation=())
@@ -476,17 +495,19 @@ class BiasAct(ChainRecipe):
         ((pos, chain),) = states.items()
         if isinstance(chain, Deferred) or chain.shared or name in self._branch_only:
             # an op on one branch of an activation: held back until the branches meet
-            if name not in self.continues - {"select_n"} or None in consts[:pos] + consts[pos + 1:]:
+            if name not in self._branch_ops - {"select_n"} or None in consts[:pos] + consts[pos + 1:]:
                 return None
             deferred = Deferred(eqn, tuple(invals), consts)
             return _hard_sigmoid(deferred) or _gelu(deferred) or deferred
+        if name in self._views:
+            return dataclasses.replace(chain, view=tuple(eqn.outvars[0].aval.shape))
         if name == "logistic":
             return None if chain.activation else dataclasses.replace(chain, activation=("sigmoid",))
         if name == "add":
             ndim = chain.eqn.outvars[0].aval.ndim
             c = invals[1 - pos]
             shape = np.shape(c) if chain.shift is None else np.broadcast_shapes(np.shape(chain.shift), np.shape(c))
-            if not chain.activation and _fits(shape, ndim, _output_axes(chain.eqn)):
+            if not chain.activation and chain.view is None and _fits(shape, ndim, _output_axes(chain.eqn)):
                 # a bias first, even where a residual's shape fits too (a 1x1 output)
                 return dataclasses.replace(chain, shift=c if chain.shift is None else chain.shift + c)
             if self._residuals and _full_operand(eqn, pos):
@@ -506,10 +527,10 @@ class BiasAct(ChainRecipe):
         if isinstance(other, Pending) and not isinstance(other.state, _Chain):
             return None
         residual = finish_pending(self, other)
-        if tuple(residual.shape) != tuple(eqn.outvars[0].aval.shape) or tuple(residual.shape) != tuple(
-                chain.eqn.outvars[0].aval.shape):
+        shape = tuple(chain.eqn.outvars[0].aval.shape)
+        if tuple(residual.shape) != tuple(eqn.outvars[0].aval.shape) or tuple(residual.shape) != (chain.view or shape):
             return None
-        return dataclasses.replace(chain, residual=residual)
+        return dataclasses.replace(chain, residual=jnp.reshape(residual, shape))
 
     @staticmethod
     def _leaky(states, consts):
@@ -526,6 +547,11 @@ class BiasAct(ChainRecipe):
         return dataclasses.replace(chain, shared=False, activation=("leaky_relu", alpha))
 
     def finish(self, chain):
+        y = self._fused(chain)
+        return y if chain.view is None else jnp.reshape(y, chain.view)
+
+    @staticmethod
+    def _fused(chain):
         eqn, (x, w) = chain.eqn, chain.invals
         if eqn.primitive.name == "dot_general" and chain.shift is None and not chain.activation and chain.residual is None:
             return bind(eqn, x, w)[0]  # nothing absorbed (a residual refused): the product keeps its kind
