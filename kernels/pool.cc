@@ -52,8 +52,8 @@ void plane_runs(ffi::ThreadPool& pool, int64_t planes, F&& fn) {
 // window's input rows are first combined into a row buffer (contiguous
 // vectors), which holds `init` in the left and right padding and past the
 // end; each output vector then reads it once per column tap, W outputs at a
-// time at the window's stride (stride 2: two loads and a permute), with no
-// partial vectors or bounds checks. `combine` takes (float, float) and (V, V);
+// time at the window's stride (stride 2: two loads and a permute; strides 1
+// and 2 compiled as constants), with no partial vectors or bounds checks. `combine` takes (float, float) and (V, V);
 // `transform(plane)` gives the function each input vector of the plane
 // passes through as it is read.
 template <typename Combine, typename Transform, typename Finish>
@@ -92,11 +92,17 @@ void pool_rows(ffi::ThreadPool& pool, const PoolShape& p, const float* x, float 
             vstore_partial(row + i, v, rest);
           }
         }
-        for (int64_t ox = 0; ox < vectors * W; ox += W) {
-          V v = vset1(init);
-          for (int64_t kx = 0; kx < p.kw; ++kx) v = combine(v, vload_strided(padded.data() + ox * p.sw + kx, p.sw));
-          vstore(acc + ox, v);
-        }
+        auto sweep = [&](auto stride) {
+          for (int64_t ox = 0; ox < vectors * W; ox += W) {
+            const float* at = padded.data() + ox * stride();
+            V v = vload_strided(at, stride());
+            for (int64_t kx = 1; kx < p.kw; ++kx) v = combine(v, vload_strided(at + kx, stride()));
+            vstore(acc + ox, v);
+          }
+        };
+        if (p.sw == 1) sweep([] { return int64_t(1); });
+        else if (p.sw == 2) sweep([] { return int64_t(2); });
+        else sweep([&] { return p.sw; });
         finish(acc, plane, oy);
       }
     }
@@ -207,7 +213,10 @@ ffi::Error MaxPool(ffi::ThreadPool pool, F32Buffer x, ffi::Span<const int64_t> a
   }
   pool_rows(pool, p, x.typed_data(), lowest, combine, as_read,
             [&](const float* acc, int64_t plane, int64_t oy) {
-              std::memcpy(out + (plane * p.oh + oy) * p.ow, acc, p.ow * sizeof(float));
+              float* dst = out + (plane * p.oh + oy) * p.ow;
+              int64_t i = 0;
+              for (; i + W <= p.ow; i += W) vstore(dst + i, vload(acc + i));
+              if (i < p.ow) vstore_partial(dst + i, vload(acc + i), int(p.ow - i));
             });
   return ffi::Error::Success();
 }
