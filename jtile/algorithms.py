@@ -387,13 +387,19 @@ def _average(plan: _Plan, pool, x, prologue=None):
 
 def _prologue(eqn, prologue: Prologue, operands: dict) -> tuple:
     """`(shift, scale, bias, activation)` of `kernels.conv2d(prologue=)`, each
-    `(C,)`, from the chain's per-channel operands (identities for missing steps)."""
+    `(C,)`, from the chain's per-channel operands: None for a missing step or
+    a known identity, one float for a known value equal on every channel (XLA
+    would store C equal floats as a broadcast that runs at every call)."""
     channels = eqn.invars[0].aval.shape[1]
 
-    def per_channel(role: str, identity: float):  # known values in numpy, stacked at trace time
+    def per_channel(role: str, identity: float):
         value = on_host(operands.get(role, np.float32(identity)))
-        xp = np if isinstance(value, np.ndarray | np.generic) else jnp
-        return xp.broadcast_to(xp.asarray(value, np.float32), (1, channels, 1, 1)).reshape(channels)
+        if not isinstance(value, np.ndarray | np.generic):
+            return jnp.broadcast_to(jnp.asarray(value, np.float32), (1, channels, 1, 1)).reshape(channels)
+        value = np.asarray(value, np.float32).reshape(-1)
+        if np.all(value == value[0]):
+            return None if value[0] == identity else value[:1]
+        return np.broadcast_to(value.reshape(1, -1, 1, 1), (1, channels, 1, 1)).reshape(channels)
 
     return per_channel("sub", 0.0), per_channel("mul", 1.0), per_channel("add", 0.0), prologue.activation
 

@@ -321,13 +321,6 @@ def _kernel_bias(b: jax.Array | None) -> jax.Array | np.ndarray:
     return b
 
 
-def _kernel_stack(arrays) -> jax.Array | np.ndarray:
-    """`arrays` stacked, in numpy when all are known (no op at run time)."""
-    if all(map(is_known, arrays)):
-        return np.stack([np.asarray(a, np.float32) for a in arrays])
-    return jnp.stack(arrays)
-
-
 def _require_float32(where: str, **arrays) -> None:
     for name, a in arrays.items():
         if a is not None and jnp.result_type(a) != jnp.float32:
@@ -515,16 +508,19 @@ def _call_macs(eqn):
 
 
 def _prologue_macs(eqn, position: int) -> Counter:
-    """A conv's or average pool's prologue (its operand at `position`): a
-    subtract, a multiply and an add per input element, and its activation."""
+    """A conv's or average pool's prologue (its shift at operand `position`,
+    then its scale and bias): a subtract, a multiply and an add per input
+    element, and its activation."""
     from ._macs import epilogue
 
-    if len(eqn.invars) <= position or not math.prod(eqn.invars[position].aval.shape):
+    steps = sum(math.prod(v.aval.shape) > 0 for v in eqn.invars[position:position + 3])
+    activation = int(_attribute(eqn, "prologue_activation") or 0) != 0
+    if not (steps or activation):
         return Counter()
     x = eqn.invars[0].aval.shape
     channels = _attribute(eqn, "x_channels")  # what it reads of a larger x
     inputs = math.prod(x) // x[1] * (x[1] if channels is None else int(channels))
-    return epilogue(eqn, 3, int(_attribute(eqn, "prologue_activation")) != 0, inputs)
+    return epilogue(eqn, steps, activation, inputs)
 
 
 def _conv_spec_of(layer) -> ConvSpec:
@@ -707,11 +703,13 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
     stem's conv, ReLU and pool, with the conv's output never written out.
     "grouped" only, without `residual` or `into` (see `conv2d_max_pool_support`).
 
-    `prologue=(shift, scale, bias, activation)`, each `(C,)`, convolves
-    `activation((x - shift) * scale + bias)` (a folded batch norm and its ReLU,
-    per input channel; activation None, "relu" or "relu6") instead of `x`,
-    applied as the kernel packs x: "smm" on 1x1, stride-1, unpadded convs of
-    one group only (see `conv2d_prologue_support`).
+    `prologue=(shift, scale, bias, activation)`, each `(C,)`, `(1,)` (one
+    for all channels) or None (an identity), convolves `activation((x - shift) * scale + bias)` (a folded
+    batch norm and its ReLU, or a squeeze-excitation's scale, per input
+    channel; activation None, "relu" or "relu6") instead of `x`, applied as
+    the kernel packs x: "smm" on 1x1, stride-1, unpadded convs of one group
+    only, of one image where the layer runs in pixel rows (see
+    `conv2d_prologue_support`).
 
     `reads_prefix=True` lets `x`, of one image, hold more channels than the
     conv reads: it convolves the first `C = w.shape[1] * groups` of them, so a
@@ -795,15 +793,14 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
     weight = shared(weight)
     empty = np.zeros((0,), np.float32)  # no residual, no buffer, no prologue
     has_residual, has_buffer, has_prologue = residual is not None, buffer is not None, prologue is not None
-    stacked = _kernel_stack(prologue[:3]) if has_prologue else empty
 
     def kernel(x, w, b, *rest):
-        *arrays, weight, b, stacked = rest
+        *arrays, weight, b = rest
         res = arrays.pop(0) if has_residual else empty
         buf = arrays.pop(0) if has_buffer else empty
         if not algo.residual:
             return _call(algo.target, out, x, weight, b, vmap_method="sequential", **attrs, **extra)
-        more = () if algo.prologue is None else (stacked,)
+        more = () if algo.prologue is None else tuple(arrays) if has_prologue else (empty,) * 3
         return _call(algo.target, out, x, weight, b, res, buf, *more, vmap_method="sequential",
                      aliases={4: 0} if has_buffer else None, channel0=np.int64(channel0), **attrs, **extra)
 
@@ -815,8 +812,7 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
             arrays[0] = from_nchwc(arrays[0], spec.out_shape[1])
         x = x[:, :x_shape[1]]
         if has_prologue:
-            shift, scale, bias = (a[None, :, None, None] for a in arrays[-3:])
-            x = activation_reference((x - shift) * scale + bias, prologue[3])
+            x = _apply_prologue(x, *arrays[-3:], prologue[3])
             del arrays[-3:]
         y = conv2d_reference(x, w, b, **config, activation=activation, alpha=alpha, beta=beta, clip=clip,
                              residual=arrays.pop(0) if has_residual else None)
@@ -829,7 +825,7 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
 
     operands = (x, w, b, *((residual,) if has_residual else ()), *((buffer,) if has_buffer else ()),
                 *(prologue[:3] if has_prologue else ()))
-    return _with_reference_vjp(kernel, reference, derived=3)(*operands, weight, kernel_b, stacked)
+    return _with_reference_vjp(kernel, reference, derived=2)(*operands, weight, kernel_b)
 
 
 def _blocked_x_shape(x_shape, w_shape, groups: int) -> tuple:
@@ -883,18 +879,28 @@ def _checked_prologue(name: str, algo: ConvAlgorithm, spec: ConvSpec, prologue):
 
 def _prologue_arrays(where: str, layer: str, prologue, channels: int, reason: str | None = None) -> tuple:
     """A kernel's per-channel `prologue` as `(shift, scale, bias, activation)`,
-    each array float32 `(channels,)`, checked; `reason`: why the `layer` cannot
-    take one at all, or None."""
+    each array float32 `(channels,)` or `(1,)` (the same for every channel),
+    or empty for one given as None (its identity), checked; `reason`: why the
+    `layer` cannot take one at all, or None."""
     if reason is None and (not isinstance(prologue, (tuple, list)) or len(prologue) != 4):
         reason = "it must be (shift, scale, bias, activation)"
     if reason is None and prologue[3] not in (None, "relu", "relu6"):
         reason = f"its activation must be None, 'relu' or 'relu6', got {prologue[3]!r}"
-    if reason is None and any(jnp.shape(a) != (channels,) for a in prologue[:3]):
-        reason = f"shift, scale and bias must each have shape ({channels},)"
+    if reason is None and any(a is not None and jnp.shape(a) not in ((channels,), (1,)) for a in prologue[:3]):
+        reason = f"shift, scale and bias must each be None or have shape ({channels},) or (1,)"
     if reason is not None:
         raise ConfigError(f"{where}: prologue: {reason}; apply it to x before the {layer} instead")
     _require_float32(where, shift=prologue[0], scale=prologue[1], bias=prologue[2])
-    return (*(jnp.asarray(a) for a in prologue[:3]), prologue[3])
+    return (*(np.zeros((0,), np.float32) if a is None else jnp.asarray(a) for a in prologue[:3]), prologue[3])
+
+
+def _apply_prologue(x: jax.Array, shift, scale, bias, activation: str | None) -> jax.Array:
+    """`activation((x - shift) * scale + bias)` per channel of NCHW `x`; an
+    empty operand is its identity."""
+    for a, op in ((shift, jnp.subtract), (scale, jnp.multiply), (bias, jnp.add)):
+        if jnp.size(a):
+            x = op(x, a[:, None, None])
+    return activation_reference(x, activation)
 
 
 def _concat_channels(into) -> int:
@@ -1002,10 +1008,13 @@ def _smm_prepare(spec: ConvSpec, w: jax.Array) -> tuple[jax.Array, dict]:
 register_conv_algorithm("direct", "jtile_conv_direct", "JtileConvDirect", _any_conv)
 def _smm_prologue(spec: ConvSpec) -> str | None:
     pointwise = spec.w_shape[2:] == (1, 1) and spec.stride == (1, 1) and spec.padding == ((0, 0), (0, 0))
-    if not pointwise or spec.groups != 1 or smm_pixel_rows(spec):
+    if not pointwise or spec.groups != 1:
         return ("a prologue is applied to a 1x1, stride-1, unpadded conv of one group only (x packed as it is "
                 f"read), this layer has a {spec.w_shape[2:]} window, stride {spec.stride}, padding "
                 f"{spec.padding} and {spec.groups} group(s)")
+    if smm_pixel_rows(spec) and spec.x_shape[0] != 1:
+        return (f"a layer of {spec.out_shape[2]}x{spec.out_shape[3]} pixels runs in pixel rows, where a prologue "
+                f"is applied to one image only, x has {spec.x_shape[0]}")
     return None
 
 
@@ -1533,9 +1542,9 @@ def avg_pool2d(x: jax.Array, window: Pair, stride: Pair, padding: Padding = ((0,
                prologue: tuple[jax.Array, jax.Array, jax.Array, str | None] | None = None) -> jax.Array:
     """NCHW average pooling by the C kernel; see `avg_pool2d_reference`.
 
-    `prologue=(shift, scale, bias, activation)`, each `(C,)`, pools
-    `activation((x - shift) * scale + bias)` (activation None, "relu" or
-    "relu6") without writing it: a folded batch norm and its ReLU, applied as
+    `prologue=(shift, scale, bias, activation)`, each `(C,)`, `(1,)` or None
+    (an identity), pools `activation((x - shift) * scale + bias)` (activation
+    None, "relu" or "relu6") without writing it: a folded batch norm and its ReLU, applied as
     the kernel reads x (padding stays 0). Not for a window that is the whole
     image (use `global_avg_pool2d` after applying it)."""
     window, stride, padding = _pool_config(window, stride, padding)
@@ -1544,21 +1553,21 @@ def avg_pool2d(x: jax.Array, window: Pair, stride: Pair, padding: Padding = ((0,
     if prologue is None:
         attrs["prologue_activation"] = np.int64(0)
         reference = lambda x: avg_pool2d_reference(x, window, stride, padding, count_include_pad)  # noqa: E731
-        return _pool_call("jtile_avg_pool2d", out_shape, x, reference, np.zeros((0,), np.float32), **attrs)
+        return _pool_call("jtile_avg_pool2d", out_shape, x, reference, *(np.zeros((0,), np.float32),) * 3, **attrs)
     whole = out_shape[2:] == (1, 1) and window == jnp.shape(x)[2:] and not any(map(any, padding))
     prologue = _prologue_arrays("avg_pool2d", "pool", prologue, jnp.shape(x)[1],
                                 "the window is the whole image" if whole else None)
     attrs["prologue_activation"] = np.int64(_ACTIVATIONS[prologue[3]])
 
-    def kernel(x, shift, scale, bias, stacked):
-        return _call("jtile_avg_pool2d", jax.ShapeDtypeStruct(out_shape, jnp.float32), x, stacked,
+    def kernel(x, shift, scale, bias):
+        return _call("jtile_avg_pool2d", jax.ShapeDtypeStruct(out_shape, jnp.float32), x, shift, scale, bias,
                      vmap_method="sequential", **attrs)
 
     def reference(x, shift, scale, bias):
-        x = activation_reference((x - shift[:, None, None]) * scale[:, None, None] + bias[:, None, None], prologue[3])
-        return avg_pool2d_reference(x, window, stride, padding, count_include_pad)
+        return avg_pool2d_reference(_apply_prologue(x, shift, scale, bias, prologue[3]), window, stride, padding,
+                                    count_include_pad)
 
-    return _with_reference_vjp(kernel, reference, derived=1)(x, *prologue[:3], _kernel_stack(prologue[:3]))
+    return _with_reference_vjp(kernel, reference)(x, *prologue[:3])
 
 
 def global_avg_pool2d(x: jax.Array) -> jax.Array:

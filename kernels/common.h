@@ -660,6 +660,25 @@ class Bias {
   std::vector<float> repeated_;
 };
 
+// One per-channel operand of a prologue, act((x - shift) * scale + bias):
+// C floats, one for every channel (a constant, as for Bias), or none (the
+// step's identity).
+class ChannelValues {
+ public:
+  ChannelValues(const F32Buffer& v, float identity)
+      : p_(v.element_count() > 0 ? v.typed_data() : nullptr), step_(v.element_count() > 1), identity_(identity) {}
+  static bool fits(const F32Buffer& v, int64_t c) {
+    return v.element_count() <= 1 || (int64_t)v.element_count() == c;
+  }
+  bool given() const { return p_ != nullptr; }
+  float operator[](int64_t c) const { return p_ ? p_[c * step_] : identity_; }
+
+ private:
+  const float* p_;
+  int64_t step_;
+  float identity_;
+};
+
 // The conv's geometry from x, the weight's (O, C/groups, KH, KW), b (O floats,
 // or one: see Bias) and the
 // "conv" attribute, checked against y (the conv's output, or with an active

@@ -11,11 +11,12 @@
 // The im2col matrix is never materialised: its operand gathers it straight
 // into packed strips. A 1x1, stride-1, unpadded conv in channel rows needs no
 // gathering at all: x itself is the B matrix, read in place, unless it has a
-// prologue (the "prologue" buffer, [shift, scale, bias] per input channel, and
-// the "prologue_activation" attribute): then each value is packed as
+// prologue (the "shift", "scale" and "bias" buffers, each one value per input
+// channel, one for all or none: see ChannelValues; and the
+// "prologue_activation" attribute): then each value is packed as
 // act((x - shift) * scale + bias), the folded batch norm and ReLU that
 // DenseNet applies to every concatenation before its 1x1 conv, so that they
-// cost no pass of their own.
+// cost no pass of their own. In pixel rows (one image) x is then packed as A.
 //
 // In pixel rows, x and y may be channel-blocked, NCHWc (one image;
 // attributes "x_nchwc" and "y_nchwc"): the GEMM then reads a
@@ -156,14 +157,16 @@ struct Im2col final : Operand {
 };
 
 // x of a pointwise conv (K channels x N pixels, row-major) packed with the
-// per-channel prologue, in the order the batch norm computes it.
+// per-channel prologue, in the order the batch norm computes it: B in channel
+// rows, A in pixel rows (strips of fewer rows than a vector).
 struct PrologueColumns final : Operand {
   const float* x;
   int64_t ldx;
-  const float *shift, *scale, *bias;
+  ChannelValues shift, scale, bias;
   Epilogue act;
-  PrologueColumns(const float* x, int64_t ldx, const float* p, int64_t channels, Epilogue act)
-      : x(x), ldx(ldx), shift(p), scale(p + channels), bias(p + 2 * channels), act(act) {}
+  PrologueColumns(const float* x, int64_t ldx, const ChannelValues& shift, const ChannelValues& scale,
+                  const ChannelValues& bias, Epilogue act)
+      : x(x), ldx(ldx), shift(shift), scale(scale), bias(bias), act(act) {}
 
   void pack(int64_t k0, int64_t kc, int64_t i0, int64_t count, int r, float* dst) const override {
     act.visit([&](auto f) {
@@ -175,8 +178,10 @@ struct PrologueColumns final : Operand {
           for (int v = 0; v < r; v += W) {
             const int lanes = (int)std::clamp<int64_t>(cols - v, 0, W);
             const V in = lanes == W ? vload(src + v) : vload_partial(src + v, lanes);
-            vstore(dst + q * r + v, f(vadd(vmul(vsub(in, m), sc), b)));
-            if (lanes < W) std::fill(dst + q * r + v + lanes, dst + q * r + v + W, 0.0f);  // columns past the end
+            const V packed = f(vadd(vmul(vsub(in, m), sc), b));
+            const int width = (int)std::min<int64_t>(W, r - v);  // of the strip's row
+            if (width == W) vstore(dst + q * r + v, packed); else vstore_partial(dst + q * r + v, packed, width);
+            if (lanes < width) std::fill(dst + q * r + v + lanes, dst + q * r + v + width, 0.0f);  // columns past the end
           }
         }
       }
@@ -186,8 +191,8 @@ struct PrologueColumns final : Operand {
 
 ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, F32Buffer res, F32Buffer,
                    ffi::Span<const int64_t> attr, int64_t act, float alpha, float lo, float hi, int64_t channel0,
-                   ffi::Span<const int64_t> kernel, int64_t pixel_rows, F32Buffer prologue,
-                   int64_t prologue_activation, int64_t x_channels, int64_t x_nchwc, int64_t y_nchwc,
+                   ffi::Span<const int64_t> kernel, int64_t pixel_rows, F32Buffer x_shift, F32Buffer x_scale,
+                   F32Buffer x_bias, int64_t prologue_activation, int64_t x_channels, int64_t x_nchwc, int64_t y_nchwc,
                    F32Result y) {
   auto wd = w.dimensions();
   ConvShape s;
@@ -208,12 +213,16 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, 
     return ffi::Error::InvalidArgument("jtile smm: the residual must be empty or have the output's shape");
   const bool pointwise = s.kh == 1 && s.kw == 1 && s.sh == 1 && s.sw == 1 &&
                          s.pt + s.pb + s.pl + s.pr == 0;
-  const bool has_prologue = prologue.element_count() > 0;
+  const ChannelValues shift(x_shift, 0.0f), scale(x_scale, 1.0f), offset(x_bias, 0.0f);
+  const bool has_prologue = shift.given() || scale.given() || offset.given() || prologue_activation != 0;
   Epilogue prologue_act;
   if (auto e = make_epilogue(prologue_activation, 0.0f, 0.0f, 6.0f, &prologue_act); e.failure()) return e;
-  if (has_prologue && (!pointwise || pixel_rows || s.groups != 1 || (int64_t)prologue.element_count() != 3 * s.c))
+  if (has_prologue && (!pointwise || (pixel_rows && s.n != 1) || s.groups != 1 ||
+                       !ChannelValues::fits(x_shift, s.c) || !ChannelValues::fits(x_scale, s.c) ||
+                       !ChannelValues::fits(x_bias, s.c)))
     return ffi::Error::InvalidArgument(
-        "jtile smm: a prologue needs a pointwise conv in channel rows, one group and 3 x C values");
+        "jtile smm: a prologue needs a pointwise conv (of one image in pixel rows), one group, and C values, "
+        "one or none each of shift, scale and bias");
   if ((x_nchwc || y_nchwc) && (!pixel_rows || s.groups != 1 || s.n != 1 || channel0 >= 0 || has_prologue))
     return ffi::Error::InvalidArgument(
         "jtile smm: NCHWc x or y needs pixel rows, one group, one image, no prologue and no concatenation buffer");
@@ -234,6 +243,9 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, 
                                : GemmOutput{yg, pixels, nullptr, bias, ep, rg, pixels, s.o * pixels};
       if (x_nchwc)
         gemm(pool, pixels, og, taps, NchwcRows(x.typed_data(), pixels), wg, out, serial);
+      else if (has_prologue)
+        gemm(pool, pixels, og, taps, PrologueColumns(x.typed_data(), pixels, shift, scale, offset, prologue_act),
+             wg, out, serial);
       else if (pointwise && s.n == 1)  // x's channel rows are A's columns: read in place
         gemm(pool, pixels, og, taps, Columns(x.typed_data() + g * s.cg * pixels, pixels), wg, out, serial);
       else
@@ -243,8 +255,9 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, 
     const float* xg = x.typed_data() + (n * s.c + g * s.cg) * s.h * s.w;
     GemmOutput out{yg + n * s.o * pixels, pixels, bias, nullptr, ep, rg ? rg + n * s.o * pixels : nullptr};
     if (has_prologue)
-      gemm(pool, og, pixels, taps, wg, PrologueColumns(xg, pixels, prologue.typed_data(), s.c, prologue_act), out,
-           serial, GemmShape::kTall);
+      gemm(pool, og, pixels, taps, wg,
+           PrologueColumns(xg, pixels, shift, scale, offset, prologue_act),
+           out, serial, GemmShape::kTall);
     else if (pointwise)
       gemm(pool, og, pixels, taps, wg, Columns(xg, pixels), out, serial, GemmShape::kTall);
     else
@@ -266,6 +279,8 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, 
 JTILE_DEFINE_HANDLER(JtileConvSmm, jtile::ConvSmm,
                      JTILE_CONV_RESIDUAL_BINDING.Attr<xla::ffi::Span<const int64_t>>("kernel")
                          .Attr<int64_t>("pixel_rows")
+                         .Arg<jtile::F32Buffer>()
+                         .Arg<jtile::F32Buffer>()
                          .Arg<jtile::F32Buffer>()
                          .Attr<int64_t>("prologue_activation")
                          .Attr<int64_t>("x_channels")

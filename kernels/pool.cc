@@ -5,7 +5,8 @@
 // Attribute "pool" = [kh, kw, sh, sw, pad_top, pad_bottom, pad_left, pad_right].
 //
 // The average pool may apply a per-channel prologue to x as it reads it (the
-// "prologue" buffer, [shift, scale, bias] per channel of NCHW x, and the
+// "shift", "scale" and "bias" buffers, each one value per channel of NCHW x,
+// one for all or none: see ChannelValues; and the
 // "prologue_activation" attribute): act((x - shift) * scale + bias), the
 // folded batch norm and ReLU of a DenseNet transition whose average pool runs
 // before its 1x1 conv (jtile._pool_before_conv), so that they cost no pass of
@@ -221,15 +222,19 @@ ffi::Error MaxPool(ffi::ThreadPool pool, F32Buffer x, ffi::Span<const int64_t> a
   return ffi::Error::Success();
 }
 
-ffi::Error AvgPool(ffi::ThreadPool pool, F32Buffer x, F32Buffer prologue, ffi::Span<const int64_t> attr,
-                   int64_t count_include_pad, int64_t prologue_activation, F32Result y) {
+ffi::Error AvgPool(ffi::ThreadPool pool, F32Buffer x, F32Buffer shift, F32Buffer scale, F32Buffer bias,
+                   ffi::Span<const int64_t> attr, int64_t count_include_pad, int64_t prologue_activation,
+                   F32Result y) {
   PoolShape p;
   if (auto e = decode_pool(x, attr, y, &p); e.failure()) return e;
-  const bool has_prologue = prologue.element_count() > 0;
+  const ChannelValues shifts(shift, 0.0f), scales(scale, 1.0f), biases(bias, 0.0f);
+  const bool has_prologue = shifts.given() || scales.given() || biases.given() || prologue_activation != 0;
   const auto xd = x.dimensions();
-  if (has_prologue && (xd.size() != 4 || (int64_t)prologue.element_count() != 3 * xd[1] || p.whole_plane))
+  if (has_prologue && (xd.size() != 4 || !ChannelValues::fits(shift, xd[1]) || !ChannelValues::fits(scale, xd[1]) ||
+                       !ChannelValues::fits(bias, xd[1]) || p.whole_plane))
     return ffi::Error::InvalidArgument(
-        "jtile avg_pool2d: a prologue needs NCHW x, 3 x C values and a window smaller than the plane");
+        "jtile avg_pool2d: a prologue needs NCHW x, C values, one or none each of shift, scale and bias, and "
+        "a window smaller than the plane");
   Epilogue act;
   if (auto e = make_epilogue(prologue_activation, 0.0f, 0.0f, 6.0f, &act); e.failure()) return e;
   float* out = y->typed_data();
@@ -243,13 +248,11 @@ ffi::Error AvgPool(ffi::ThreadPool pool, F32Buffer x, F32Buffer prologue, ffi::S
     }
   };
   if (has_prologue) {
-    const int64_t channels = xd[1];
-    const float* values = prologue.typed_data();
     act.visit([&](auto f) {
       auto transform = [&](int64_t plane) {
-        const int64_t c = plane % channels;
-        const V shift = vset1(values[c]), scale = vset1(values[channels + c]), bias = vset1(values[2 * channels + c]);
-        return [=](V v) { return f(vadd(vmul(vsub(v, shift), scale), bias)); };
+        const int64_t c = plane % xd[1];
+        const V m = vset1(shifts[c]), sc = vset1(scales[c]), b = vset1(biases[c]);
+        return [=](V v) { return f(vadd(vmul(vsub(v, m), sc), b)); };
       };
       pool_rows(pool, p, x.typed_data(), 0.0f, combine, transform, finish);
     });
@@ -287,6 +290,8 @@ JTILE_DEFINE_HANDLER(JtileMaxPool2d, jtile::MaxPool,
 JTILE_DEFINE_HANDLER(JtileAvgPool2d, jtile::AvgPool,
                      xla::ffi::Ffi::Bind()
                          .Ctx<xla::ffi::ThreadPool>()
+                         .Arg<jtile::F32Buffer>()
+                         .Arg<jtile::F32Buffer>()
                          .Arg<jtile::F32Buffer>()
                          .Arg<jtile::F32Buffer>()
                          .Attr<xla::ffi::Span<const int64_t>>("pool")

@@ -861,18 +861,25 @@ def test_analysis_counts_the_convs_of_a_layer_with_a_prologue(dense_layer, getke
     assert got["elementwise"] >= want["elementwise"]  # the batch norm's sub, mul, add (and bias adds)
 
 
-@pytest.mark.parametrize("batch", [1, 2])
-def test_squeeze_excitation_scale_runs_inside_the_next_pointwise_conv(dense_layer, getkey, tree_allclose, batch):
+@pytest.mark.parametrize("batch, channels, size", [(1, 24, 10), (2, 24, 10), (1, 1152, 7)])
+def test_squeeze_excitation_scale_runs_inside_the_next_pointwise_conv(getkey, tree_allclose, batch, channels, size):
     """x * sigmoid(mean(x)) -> 1x1 conv: one image's scales are one per channel,
-    so the conv applies them; with two images they differ per image and stay."""
-    x = jax.random.normal(getkey(), (batch, 24, 10, 10))
+    so the conv applies them, in channel rows and in pixel rows (EfficientNet's
+    1152 -> 192 at 7x7), the missing shift and bias passed as none; with two
+    images the scales differ per image and stay."""
+    x = jax.random.normal(getkey(), (batch, channels, size, size))
+    w = jax.random.normal(getkey(), (192 if channels > 1000 else 16, channels, 1, 1)) / channels ** 0.5
 
     def block(x):
         scale = jax.nn.sigmoid(jnp.mean(x, axis=(2, 3), keepdims=True))
-        return _conv(x * scale, dense_layer["w1"], padding=0)
+        return _conv(x * scale, w, padding=0)
 
     f = _swapped_and_checked(block, x, {"conv2d": "smm"}, tree_allclose)
     assert ("mul" in _primitives(f, x)) == (batch == 2)
+    (conv,) = [e for e in _iter_eqns(jax.make_jaxpr(f)(x).jaxpr)
+               if e.primitive.name == "ffi_call" and e.params["target_name"] == "jtile_conv_smm"]
+    prologue = [v.aval.shape for v in conv.invars[5:8]]
+    assert prologue == ([(0,)] * 3 if batch == 2 else [(0,), (channels,), (0,)])
 
 
 # ------------------------------------------------ concatenations that grow in one buffer

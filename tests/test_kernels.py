@@ -775,15 +775,20 @@ def test_conv_max_pool_refuses_what_it_cannot_fuse(algorithm, groups, extra, mes
     (1, 40, 24, 7, "relu"),      # 49 pixels: a ragged strip of columns
     (2, 1100, 16, 9, None),      # two images, K past one K block
     (1, 24, 40, 12, "relu6"),
+    (1, 1152, 200, 7, None),     # pixel rows (a squeeze-excitation's scale before EfficientNet's projection)
+    (1, 1100, 130, 7, "relu"),   # pixel rows, K past one K block, ragged strips both ways
 ])
-def test_pointwise_conv_applies_its_prologue(n, c, o, size, activation):
+@pytest.mark.parametrize("sizes", ["CCC", "1-C", "-C-"])  # per channel, one for all, or none (the identity)
+def test_pointwise_conv_applies_its_prologue(n, c, o, size, activation, sizes):
     rng = np.random.default_rng(6)
     x, w, b = _normal(rng, (n, c, size, size)), _normal(rng, (o, c, 1, 1)), _normal(rng, o)
-    shift, scale, bias = _normal(rng, c), _normal(rng, c), _normal(rng, c)
-    got = kernels.conv2d(x, w, b, algorithm="smm", activation="relu", prologue=(shift, scale, bias, activation))
-    normed = kernels.activation_reference((x - shift[:, None, None]) * scale[:, None, None] + bias[:, None, None],
-                                          activation)
-    want = kernels.conv2d_reference(normed, w, b, activation="relu")
+    values = [None if k == "-" else _normal(rng, c if k == "C" else 1) for k in sizes]
+    conv = lambda x: kernels.conv2d(x, w, b, algorithm="smm", activation="relu",  # noqa: E731
+                                    prologue=(*values, activation))
+    (call,) = [e for e in iter_eqns(jax.make_jaxpr(conv)(x).jaxpr) if e.primitive.name == "ffi_call"]
+    assert int(dict(call.params["attributes"])["pixel_rows"]) == (c > 1000 and size == 7)
+    got = conv(x)
+    want = kernels.conv2d_reference(_prologue_reference(x, *values, activation), w, b, activation="relu")
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=3e-4)
 
 
@@ -826,12 +831,14 @@ def test_conv_reads_prefix_refuses_what_it_cannot_read(algorithm, x_shape, messa
     ("grouped", (16, 8, 1, 1), 1, None, "'grouped' takes no prologue=; 'smm' does"),
     ("smm", (16, 8, 3, 3), 1, None, r"a prologue is applied to a 1x1"),
     ("smm", (16, 4, 1, 1), 2, None, r"2 group\(s\)"),
-    ("smm", (16, 8, 1, 1), 1, (np.zeros(7, np.float32),) * 3 + ("relu",), r"each have shape \(8,\)"),
+    ("smm", (16, 8, 1, 1), 1, (np.zeros(7, np.float32),) * 3 + ("relu",), r"have shape \(8,\) or \(1,\)"),
     ("smm", (16, 8, 1, 1), 1, (np.zeros(8, np.float32),) * 3 + ("gelu",), "must be None, 'relu' or 'relu6'"),
+    ("smm", (512, 512, 1, 1), 1, None, "in pixel rows, where a prologue is applied to one image only, x has 2"),
 ])
 def test_conv_prologue_refuses_what_it_cannot_apply(algorithm, w_shape, groups, prologue, message):
-    x, w = np.zeros((1, 8, 7, 7), np.float32), np.zeros(w_shape, np.float32)
-    prologue = prologue or (np.zeros(8, np.float32), np.ones(8, np.float32), np.zeros(8, np.float32), "relu")
+    c = w_shape[1] * groups
+    x, w = np.zeros((2 if c == 512 else 1, c, 7, 7), np.float32), np.zeros(w_shape, np.float32)
+    prologue = prologue or (np.zeros(c, np.float32), np.ones(c, np.float32), np.zeros(c, np.float32), "relu")
     with pytest.raises(jtile.ConfigError, match=message):
         kernels.conv2d(x, w, algorithm=algorithm, groups=groups, prologue=prologue)
 
@@ -844,22 +851,31 @@ def test_conv_prologue_refuses_what_it_cannot_apply(algorithm, w_shape, groups, 
     ((2, 5, 9, 11), (3, 3), (2, 2), ((1, 1), (1, 1)), False),    # batch 2, odd sizes, padding not counted
     ((1, 3, 37, 45), (3, 2), (1, 3), ((2, 0), (0, 1)), True),    # rows of several vectors, padding counted
 ])
-@pytest.mark.parametrize("activation", [None, "relu", "relu6"])
-def test_average_pool_applies_its_prologue(shape, window, stride, padding, include_pad, activation):
+@pytest.mark.parametrize("activation, sizes", [
+    (None, "CCC"), ("relu", "CCC"), ("relu6", "CCC"),
+    ("relu", "-1C"),  # no shift (its identity), one scale for every channel
+    (None, "-C-"),   # a squeeze-excitation's scale alone
+])
+def test_average_pool_applies_its_prologue(shape, window, stride, padding, include_pad, activation, sizes):
     rng = np.random.default_rng(sum(shape))
     x = _normal(rng, shape)
     x.reshape(-1)[[1, 40]] = [np.nan, np.inf]
-    shift, scale, bias = (_normal(rng, shape[1]) for _ in range(3))
-    got = kernels.avg_pool2d(x, window, stride, padding, include_pad, prologue=(shift, scale, bias, activation))
-    y = kernels.activation_reference((x - shift[:, None, None]) * scale[:, None, None] + bias[:, None, None],
-                                     activation)
-    np.testing.assert_allclose(got, kernels.avg_pool2d_reference(y, window, stride, padding, include_pad), **TOL)
+    values = [None if n == "-" else _normal(rng, shape[1] if n == "C" else 1) for n in sizes]
+    got = kernels.avg_pool2d(x, window, stride, padding, include_pad, prologue=(*values, activation))
+    np.testing.assert_allclose(got, kernels.avg_pool2d_reference(_prologue_reference(x, *values, activation), window,
+                                                                 stride, padding, include_pad), **TOL)
+
+
+def _prologue_reference(x, shift, scale, bias, activation):
+    """act((x - shift) * scale + bias) per channel of NCHW x, a None its identity."""
+    at = lambda v, identity: identity if v is None else v[:, None, None]  # noqa: E731
+    return kernels.activation_reference((x - at(shift, 0.0)) * at(scale, 1.0) + at(bias, 0.0), activation)
 
 
 @pytest.mark.parametrize("window, prologue, message", [
     ((7, 7), None, "the window is the whole image"),
     ((2, 2), (np.zeros(8, np.float32),) * 3 + ("silu",), "must be None, 'relu' or 'relu6'"),
-    ((2, 2), (np.zeros(4, np.float32),) * 3 + ("relu",), r"must each have shape \(8,\)"),
+    ((2, 2), (np.zeros(4, np.float32),) * 3 + ("relu",), r"None or have shape \(8,\) or \(1,\)"),
 ])
 def test_average_pool_prologue_refuses_what_it_cannot_apply(window, prologue, message):
     prologue = prologue or (np.zeros(8, np.float32), np.ones(8, np.float32), np.zeros(8, np.float32), "relu")
