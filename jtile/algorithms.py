@@ -296,8 +296,9 @@ def _plan(closed: jcore.ClosedJaxpr, selectors: dict[str, Selector]) -> _Plan:
     plan.expansions = find_expansions(graph, expands)
     expanded = {id(expansion) for expansion in plan.expansions.values()}
 
-    def blocks(side: str):  # (a conv running its expansion reads the expansion's NCHW x)
-        return lambda conv: (swapped_conv(conv) and id(conv) not in fused | expanded
+    def blocks(side: str):  # (a conv running its expansion reads the expansion's NCHW x; a prologue packs x)
+        unblocked = fused | expanded if side == "x" else (fused - set(plan.prologues)) | expanded
+        return lambda conv: (swapped_conv(conv) and id(conv) not in unblocked
                              and not (side == "x" and id(conv) in plan.expansions)
                              and kinds.blocks(conv, plan.swaps[id(conv)].name, side))
 

@@ -741,9 +741,10 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
                       reads_prefix=reads_prefix, x_layout=x_layout, y_layout=y_layout)
     layouts = _layouts(x_layout, y_layout)
     x_nchwc, y_nchwc = (layout == "NCHWc" for layout in layouts)
-    if (x_nchwc or y_nchwc) and (into is not None or max_pool is not None or prologue is not None or reads_prefix):
-        raise ConfigError("conv2d: NCHWc layouts do not combine with into=, max_pool=, prologue= or reads_prefix=; "
-                          "run the layer in NCHW")
+    if (x_nchwc or y_nchwc) and (into is not None or max_pool is not None or reads_prefix) or (
+            x_nchwc and prologue is not None):
+        raise ConfigError("conv2d: NCHWc layouts do not combine with into=, max_pool= or reads_prefix=, nor an "
+                          "NCHWc x with prologue=; run the layer in NCHW")
     if x_nchwc:
         x_shape = _blocked_x_shape(jnp.shape(x), jnp.shape(w), config["groups"])
     else:

@@ -223,9 +223,11 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, 
     return ffi::Error::InvalidArgument(
         "jtile smm: a prologue needs a pointwise conv (of one image in pixel rows), one group, and C values, "
         "one or none each of shift, scale and bias");
-  if ((x_nchwc || y_nchwc) && (!pixel_rows || s.groups != 1 || s.n != 1 || channel0 >= 0 || has_prologue))
+  if (((x_nchwc || y_nchwc) && (!pixel_rows || s.groups != 1 || s.n != 1 || channel0 >= 0)) ||
+      (x_nchwc && has_prologue))
     return ffi::Error::InvalidArgument(
-        "jtile smm: NCHWc x or y needs pixel rows, one group, one image, no prologue and no concatenation buffer");
+        "jtile smm: NCHWc x or y needs pixel rows, one group, one image and no concatenation buffer, and an "
+        "NCHWc x no prologue");
   if (x_nchwc && !pointwise)
     return ffi::Error::InvalidArgument("jtile smm: an NCHWc x needs a 1x1, stride-1, unpadded conv");
   // GEMM i: group i / images, and image i % images in channel rows (pixel

@@ -87,6 +87,20 @@ def test_smm_takes_and_gives_blocked_activations(lanes, blocks_in, o_blocks, siz
             np.testing.assert_array_equal(np.asarray(_nchw_if(o_blocks, got, o)), np.asarray(nchw))
 
 
+def test_smm_applies_a_prologue_and_gives_a_blocked_output(lanes):
+    """A squeeze-excitation's scale packed into A (pixel rows, 1152 -> 192 at
+    7x7), the output written channel-blocked for the next 1x1 conv; a blocked
+    x takes no prologue (it is read in place, not packed)."""
+    rng = np.random.default_rng(3)
+    x, w, b, scale = _normal(rng, (1, 1152, 7, 7)), _normal(rng, (192, 1152, 1, 1)), _normal(rng, 192), _normal(rng, 1152)
+    got = kernels.conv2d(x, w, b, algorithm="smm", prologue=(None, scale, None, None), y_layout="NCHWc")
+    want = kernels.conv2d_reference(x * scale[:, None, None], w, b)
+    np.testing.assert_allclose(np.asarray(kernels.from_nchwc(got, 192)), want, rtol=1e-4, atol=3e-4)
+    with pytest.raises(jtile.ConfigError, match="nor an NCHWc x with prologue="):
+        kernels.conv2d(kernels.to_nchwc(x), w, b, algorithm="smm", prologue=(None, scale, None, None),
+                       x_layout="NCHWc")
+
+
 @pytest.mark.parametrize("blocks, size, window, stride, padding, n, x_blocked, y_blocked", [
     (6, 28, 3, 2, ((1, 1), (1, 1)), 1, True, True),    # MobileNetV2's stride-2 depthwise
     (2, 14, 3, 1, ((1, 1), (1, 1)), 2, True, True),    # batch 2
