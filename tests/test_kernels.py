@@ -83,7 +83,7 @@ def test_conv2d_matches_reference(algorithm, case):
         ((1, 40, 15, 15), (128, 40, 3, 3), 2, True),  # strided, 8x8 out
         ((2, 40, 20, 20), (96, 40, 3, 3), 1, False),  # 400 pixels
         ((1, 96, 7, 7), (160, 96, 1, 1), 1, False),  # 1x1: x itself is the B operand
-        ((1, 960, 7, 7), (160, 960, 1, 1), 1, True),  # 1x1, 49 of 64 lanes, many weights: pixel rows
+        ((1, 960, 5, 5), (160, 960, 1, 1), 1, True),  # 1x1, 25 of 32 lanes, many weights: pixel rows
         # 1x1 read in place over 2 K blocks; 140 pixels = 2 full strips and a packed partial one
         ((2, 1100, 10, 14), (9, 1100, 1, 1), 1, False),
     ],
@@ -775,8 +775,8 @@ def test_conv_max_pool_refuses_what_it_cannot_fuse(algorithm, groups, extra, mes
     (1, 40, 24, 7, "relu"),      # 49 pixels: a ragged strip of columns
     (2, 1100, 16, 9, None),      # two images, K past one K block
     (1, 24, 40, 12, "relu6"),
-    (1, 1152, 200, 7, None),     # pixel rows (a squeeze-excitation's scale before EfficientNet's projection)
-    (1, 1100, 130, 7, "relu"),   # pixel rows, K past one K block, ragged strips both ways
+    (1, 1152, 200, 5, None),     # pixel rows (a squeeze-excitation's scale before a projection)
+    (1, 1100, 130, 5, "relu"),   # pixel rows, K past one K block, ragged strips both ways
 ])
 @pytest.mark.parametrize("sizes", ["CCC", "1-C", "-C-"])  # per channel, one for all, or none (the identity)
 def test_pointwise_conv_applies_its_prologue(n, c, o, size, activation, sizes):
@@ -786,7 +786,7 @@ def test_pointwise_conv_applies_its_prologue(n, c, o, size, activation, sizes):
     conv = lambda x: kernels.conv2d(x, w, b, algorithm="smm", activation="relu",  # noqa: E731
                                     prologue=(*values, activation))
     (call,) = [e for e in iter_eqns(jax.make_jaxpr(conv)(x).jaxpr) if e.primitive.name == "ffi_call"]
-    assert int(dict(call.params["attributes"])["pixel_rows"]) == (c > 1000 and size == 7)
+    assert int(dict(call.params["attributes"])["pixel_rows"]) == (size == 5)  # 25 pixels fill 25 of 32 lanes
     got = conv(x)
     want = kernels.conv2d_reference(_prologue_reference(x, *values, activation), w, b, activation="relu")
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=3e-4)
@@ -837,7 +837,7 @@ def test_conv_reads_prefix_refuses_what_it_cannot_read(algorithm, x_shape, messa
 ])
 def test_conv_prologue_refuses_what_it_cannot_apply(algorithm, w_shape, groups, prologue, message):
     c = w_shape[1] * groups
-    x, w = np.zeros((2 if c == 512 else 1, c, 7, 7), np.float32), np.zeros(w_shape, np.float32)
+    x, w = np.zeros((2, c, 5, 5) if c == 512 else (1, c, 7, 7), np.float32), np.zeros(w_shape, np.float32)
     prologue = prologue or (np.zeros(c, np.float32), np.ones(c, np.float32), np.zeros(c, np.float32), "relu")
     with pytest.raises(jtile.ConfigError, match=message):
         kernels.conv2d(x, w, algorithm=algorithm, groups=groups, prologue=prologue)

@@ -89,10 +89,10 @@ def test_smm_takes_and_gives_blocked_activations(lanes, blocks_in, o_blocks, siz
 
 def test_smm_applies_a_prologue_and_gives_a_blocked_output(lanes):
     """A squeeze-excitation's scale packed into A (pixel rows, 1152 -> 192 at
-    7x7), the output written channel-blocked for the next 1x1 conv; a blocked
+    5x5), the output written channel-blocked for the next 1x1 conv; a blocked
     x takes no prologue (it is read in place, not packed)."""
     rng = np.random.default_rng(3)
-    x, w, b, scale = _normal(rng, (1, 1152, 7, 7)), _normal(rng, (192, 1152, 1, 1)), _normal(rng, 192), _normal(rng, 1152)
+    x, w, b, scale = _normal(rng, (1, 1152, 5, 5)), _normal(rng, (192, 1152, 1, 1)), _normal(rng, 192), _normal(rng, 1152)
     got = kernels.conv2d(x, w, b, algorithm="smm", prologue=(None, scale, None, None), y_layout="NCHWc")
     want = kernels.conv2d_reference(x * scale[:, None, None], w, b)
     np.testing.assert_allclose(np.asarray(kernels.from_nchwc(got, 192)), want, rtol=1e-4, atol=3e-4)
