@@ -19,7 +19,7 @@ from collections.abc import Callable
 import jax.extend.core as jcore
 import numpy as np
 
-from ._registry import lookup, register
+from ._registry import facet, lookup, register
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +61,20 @@ class StridedSource:
     view: Strided
     scales: tuple
     steps: tuple
+
+
+def keeps_order(eqn) -> bool:
+    """Whether the layout op `eqn` leaves its one operand's elements in order
+    (its view of a contiguous input is contiguous, unit axes aside)."""
+    make = facet(eqn, "view")
+    step = make(eqn, 0) if make is not None else None
+    if step is None or step.scale is not None:
+        return False
+    view = step.apply(Strided.contiguous(eqn.invars[step.source].aval.shape))
+    if view is None or view.offset:
+        return False
+    want = Strided.contiguous(view.shape)
+    return all(n == 1 or a == b for n, a, b in zip(view.shape, view.strides, want.strides))
 
 
 def strided_source(producers: dict, var) -> StridedSource | None:

@@ -52,6 +52,7 @@ from jax import lax
 from .. import _fused
 from .._interpreter import bind
 from .._layers import dense_weight_axis
+from .._views import keeps_order
 from ._plan import ChainRecipe, Deferred, Pending, finish_pending
 
 _AFFINE = frozenset({"add", "sub", "mul", "div"})
@@ -423,14 +424,6 @@ def _gelu(deferred):
     return dataclasses.replace(root, shared=False, activation=(form[0],))
 
 
-def _keeps_order(eqn) -> bool:
-    """A reshape, or a transpose that moves unit axes only: the elements stay in order."""
-    if eqn.primitive.name == "reshape":
-        return eqn.params.get("dimensions") is None
-    shape = eqn.invars[0].aval.shape
-    return [a for a in eqn.params["permutation"] if shape[a] != 1] == [a for a in range(len(shape)) if shape[a] != 1]
-
-
 class BiasAct(ChainRecipe):
     """conv_bias_act / dense: `op -> add(bias) -> activation`, one fused op.
 
@@ -455,7 +448,7 @@ class BiasAct(ChainRecipe):
         if name == "add":
             return _per_axis_operand(eqn, pos) or (self._residuals and _full_operand(eqn, pos))
         if name in self._views:
-            return name in self.continues and _keeps_order(eqn)
+            return name in self.continues and keeps_order(eqn)
         if name in ("max", "min"):
             return consts[1 - pos] is not None and floating
         if name == "select_n":  # the two halves of a leaky relu
