@@ -64,15 +64,19 @@ void pool_rows(ffi::ThreadPool& pool, const PoolShape& p, const float* x, float 
   // The last output vector reads up to (vectors * W - 1) * sw + kw - 1 (one more at stride 2).
   const int64_t length = std::max(vectors * W * p.sw + p.kw, p.pl + p.w) + W;
   plane_runs(pool, p.planes, [&](int64_t first, int64_t last) {
-    std::vector<float> buffer(vectors * W), padded(length, init);
+    // Per plane, first every output row's window rows (each combined into its
+    // own padded row), then every sweep, so that a sweep's unaligned loads
+    // come long after the stores they read, not right behind them (row by
+    // row was slower). Alone, 3x3 stride-2 max pools, us: 128x55x55 34
+    // against 39, 256x27x27 21 against 28, 480x28x28 37 against 52.
+    std::vector<float> buffer(vectors * W), padded(p.oh * length, init);
     std::vector<const float*> src(p.kh);  // the window's rows inside the input
     float* acc = buffer.data();
-    float* row = padded.data() + p.pl;
     for (int64_t plane = first; plane < last; ++plane) {
       const float* in = x + plane * p.h * p.w;
       const auto read = transform(plane);
       for (int64_t oy = 0; oy < p.oh; ++oy) {
-        // The window's rows inside the input, combined in one pass.
+        float* row = padded.data() + oy * length + p.pl;
         int count = 0;
         for (int64_t ky = 0; ky < p.kh; ++ky) {
           const int64_t iy = oy * p.sh + ky - p.pt;
@@ -93,9 +97,12 @@ void pool_rows(ffi::ThreadPool& pool, const PoolShape& p, const float* x, float 
             vstore_partial(row + i, v, rest);
           }
         }
+      }
+      for (int64_t oy = 0; oy < p.oh; ++oy) {
+        const float* start = padded.data() + oy * length;
         auto sweep = [&](auto stride) {
           for (int64_t ox = 0; ox < vectors * W; ox += W) {
-            const float* at = padded.data() + ox * stride();
+            const float* at = start + ox * stride();
             V v = vload_strided(at, stride());
             for (int64_t kx = 1; kx < p.kw; ++kx) v = combine(v, vload_strided(at + kx, stride()));
             vstore(acc + ox, v);
