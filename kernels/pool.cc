@@ -64,54 +64,60 @@ void pool_rows(ffi::ThreadPool& pool, const PoolShape& p, const float* x, float 
   // The last output vector reads up to (vectors * W - 1) * sw + kw - 1 (one more at stride 2).
   const int64_t length = std::max(vectors * W * p.sw + p.kw, p.pl + p.w) + W;
   plane_runs(pool, p.planes, [&](int64_t first, int64_t last) {
-    // Per plane, first every output row's window rows (each combined into its
-    // own padded row), then every sweep, so that a sweep's unaligned loads
-    // come long after the stores they read, not right behind them (row by
-    // row was slower). Alone, 3x3 stride-2 max pools, us: 128x55x55 34
-    // against 39, 256x27x27 21 against 28, 480x28x28 37 against 52.
-    std::vector<float> buffer(vectors * W), padded(p.oh * length, init);
+    // Per plane, first the window rows of a group of output rows (each
+    // combined into its own padded row), then their sweeps, so that a sweep's
+    // unaligned loads come long after the stores they read, not right behind
+    // them (row by row was slower). A group is as many rows as fill 64 KB
+    // (every row of a plane up to 160x160 at stride 2). Alone, 3x3 stride-2 max
+    // pools, us: 128x55x55 34 against 39, 256x27x27 21 against 28, 480x28x28
+    // 37 against 52.
+    const int64_t group = std::clamp<int64_t>((int64_t(16) << 10) / length, 1, std::max<int64_t>(p.oh, 1));
+    std::vector<float> buffer(vectors * W), padded(group * length, init);
     std::vector<const float*> src(p.kh);  // the window's rows inside the input
     float* acc = buffer.data();
     for (int64_t plane = first; plane < last; ++plane) {
       const float* in = x + plane * p.h * p.w;
       const auto read = transform(plane);
-      for (int64_t oy = 0; oy < p.oh; ++oy) {
-        float* row = padded.data() + oy * length + p.pl;
-        int count = 0;
-        for (int64_t ky = 0; ky < p.kh; ++ky) {
-          const int64_t iy = oy * p.sh + ky - p.pt;
-          if (iy >= 0 && iy < p.h) src[count++] = in + iy * p.w;
+      for (int64_t oy0 = 0; oy0 < p.oh; oy0 += group) {
+        const int64_t oy1 = std::min(p.oh, oy0 + group);
+        for (int64_t oy = oy0; oy < oy1; ++oy) {
+          float* row = padded.data() + (oy - oy0) * length + p.pl;
+          int count = 0;
+          for (int64_t ky = 0; ky < p.kh; ++ky) {
+            const int64_t iy = oy * p.sh + ky - p.pt;
+            if (iy >= 0 && iy < p.h) src[count++] = in + iy * p.w;
+          }
+          if (count == 0) {
+            std::fill(row, row + p.w, init);  // every window row is padding
+          } else {
+            int64_t i = 0;
+            for (; i + W <= p.w; i += W) {
+              V v = read(vload(src[0] + i));
+              for (int j = 1; j < count; ++j) v = combine(v, read(vload(src[j] + i)));
+              vstore(row + i, v);
+            }
+            if (const int rest = int(p.w - i); rest > 0) {
+              V v = read(vload_partial(src[0] + i, rest));
+              for (int j = 1; j < count; ++j) v = combine(v, read(vload_partial(src[j] + i, rest)));
+              vstore_partial(row + i, v, rest);
+            }
+          }
         }
-        if (count == 0) {
-          std::fill(row, row + p.w, init);  // every window row is padding
-        } else {
-          int64_t i = 0;
-          for (; i + W <= p.w; i += W) {
-            V v = read(vload(src[0] + i));
-            for (int j = 1; j < count; ++j) v = combine(v, read(vload(src[j] + i)));
-            vstore(row + i, v);
-          }
-          if (const int rest = int(p.w - i); rest > 0) {
-            V v = read(vload_partial(src[0] + i, rest));
-            for (int j = 1; j < count; ++j) v = combine(v, read(vload_partial(src[j] + i, rest)));
-            vstore_partial(row + i, v, rest);
-          }
+        for (int64_t oy = oy0; oy < oy1; ++oy) {
+          const float* start = padded.data() + (oy - oy0) * length;
+          auto sweep = [&](auto stride) {
+            for (int64_t ox = 0; ox < vectors * W; ox += W) {
+              const float* at = start + ox * stride();
+              V v = vload_strided(at, stride());
+              for (int64_t kx = 1; kx < p.kw; ++kx) v = combine(v, vload_strided(at + kx, stride()));
+              vstore(acc + ox, v);
+            }
+          };
+          if (p.sw == 1) sweep([] { return int64_t(1); });
+          else if (p.sw == 2) sweep([] { return int64_t(2); });
+          else sweep([&] { return p.sw; });
+          finish(acc, plane, oy);
         }
-      }
-      for (int64_t oy = 0; oy < p.oh; ++oy) {
-        const float* start = padded.data() + oy * length;
-        auto sweep = [&](auto stride) {
-          for (int64_t ox = 0; ox < vectors * W; ox += W) {
-            const float* at = start + ox * stride();
-            V v = vload_strided(at, stride());
-            for (int64_t kx = 1; kx < p.kw; ++kx) v = combine(v, vload_strided(at + kx, stride()));
-            vstore(acc + ox, v);
-          }
-        };
-        if (p.sw == 1) sweep([] { return int64_t(1); });
-        else if (p.sw == 2) sweep([] { return int64_t(2); });
-        else sweep([&] { return p.sw; });
-        finish(acc, plane, oy);
       }
     }
   });

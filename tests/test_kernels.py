@@ -473,6 +473,7 @@ def test_same_size_stride_1_max_pools_match_reference(case, seed):
     ((1, 4, 20, 70), (4, 3), (1, 3), ((2, 2), (0, 2))),    # stride-3 columns over a long row
     ((1, 17, 7, 7), (7, 7), (7, 7), ((0, 0), (0, 0))),     # one window over the whole plane
     ((2, 3, 5, 19), (5, 19), (1, 1), ((0, 0), (0, 0))),    # the same, wider than a vector
+    ((1, 2, 330, 330), (3, 3), (2, 2), ((1, 1), (1, 1))),  # 165 output rows: 4 groups of rows (64 KB each)
 ])
 def test_pools_over_wide_rows_and_whole_planes(getkey, shape, window, stride, padding):
     x = np.array(jax.random.normal(getkey(), shape, jnp.float32))
