@@ -68,9 +68,10 @@ void pool_rows(ffi::ThreadPool& pool, const PoolShape& p, const float* x, float 
     // combined into its own padded row), then their sweeps, so that a sweep's
     // unaligned loads come long after the stores they read, not right behind
     // them (row by row was slower). A group is as many rows as fill 64 KB
-    // (every row of a plane up to 160x160 at stride 2). Alone, 3x3 stride-2 max
-    // pools, us: 128x55x55 34 against 39, 256x27x27 21 against 28, 480x28x28
-    // 37 against 52.
+    // (every row of a plane up to 160x160 at stride 2). Alone, 3x3 stride-2
+    // max pools, us: 128x55x55 35 against 39, 256x27x27 22 against 28,
+    // 480x28x28 40 against 52 (the groups cost 0-2 us of that: 34, 21 and 37
+    // with one buffer for the whole plane).
     const int64_t group = std::clamp<int64_t>((int64_t(16) << 10) / length, 1, std::max<int64_t>(p.oh, 1));
     std::vector<float> buffer(vectors * W), padded(group * length, init);
     std::vector<const float*> src(p.kh);  // the window's rows inside the input
