@@ -19,6 +19,7 @@ machine, and keeps XLA everywhere else, including every non-float32 layer.
 
 import math
 
+import jax
 import jax.extend.core as jcore
 import jax.numpy as jnp
 import numpy as np
@@ -30,6 +31,7 @@ from ._graph import Graph
 from ._interpreter import on_host, to_device
 from ._layers import Layer, dense_weight_axis, layer_fields, scope_name
 from ._regions import pool_axes
+from ._registry import facet
 from ._views import strided_source
 
 _F32 = np.dtype(np.float32)
@@ -529,7 +531,7 @@ def _matmul_support(eqn, layer: Layer) -> str | None:
     return _dtype_reason(eqn) or _kernels().kernel_unavailable("jtile_matmul")
 
 
-def _matmul_run(eqn, a, c, *, producers, reads=(None, None)):
+def _matmul_run(eqn, a, c, *, producers, reads=(None, None), batch_inner=False):
     """The product on the kernel; `reads` holds, per operand, None or `(buffer,
     view, scales)` from `matmul_sources`: the operand is `view` of `buffer`
     times the `scales`, which multiply the product instead: in the kernel
@@ -544,7 +546,7 @@ def _matmul_run(eqn, a, c, *, producers, reads=(None, None)):
                 scale = s if scale is None else scale * s
     known = isinstance(scale, (np.ndarray, np.generic))
     y = _kernels().matmul(*operands, eqn.params["dimension_numbers"], a_view=views[0], c_view=views[1],
-                          scale=float(scale) if known else 1.0)
+                          scale=float(scale) if known else 1.0, batch_inner=batch_inner)
     return y if scale is None or known else y * scale
 
 
@@ -562,6 +564,33 @@ def matmul_sources(eqn, algorithm: str, producers) -> tuple:
         return found if found is not None and _kernels().matmul_reads_in_place(found.view, batch, contract) else None
 
     return source(eqn.invars[0], a_contract, a_batch), source(eqn.invars[1], c_contract, c_batch)
+
+
+def head_merge(op, algorithm: str) -> tuple | None:
+    """The layout steps (equations) after the matmul `op` (a `jtile.Graph` op)
+    run by `algorithm` that merge its batch into its rows, or None: nothing
+    else reads them, one after another, and the last lays the product out in
+    (rows, batch, columns) order. That is attention's head merge after `P @ V`,
+    a transpose XLA copies (118 us a layer in ViT-B/16), which the product
+    stored batch-inner (`kernels.matmul(batch_inner=True)`) needs no longer."""
+    if algorithm != "gemm":
+        return None
+    value, steps = op.outs[0], []
+    index = np.arange(math.prod(value.shape)).reshape(value.shape)  # each element's offset in the product
+    while len(value.consumers) == 1 and not value.is_output and len(value.consumers[0].outs) == 1:
+        step = value.consumers[0]
+        make = facet(step.eqn, "view")
+        if make is None or (view := make(step.eqn, 0)) is None or view.scale is not None or view.source != 0:
+            break
+        with jax.ensure_compile_time_eval():  # (the plan runs while the function is traced)
+            index = np.asarray(step.eqn.primitive.bind(jnp.asarray(index, jnp.int32), **step.eqn.params))
+        value = step.outs[0]
+        steps.append(step.eqn)
+    if not steps or index.size != math.prod(op.outs[0].shape):
+        return None
+    g = DotGeometry.of(op.eqn)
+    b, m, n = index // (g.m * g.n), index // g.n % g.m, index % g.n
+    return tuple(steps) if np.array_equal(np.ravel((m * g.batch + b) * g.n + n), np.arange(index.size)) else None
 
 
 _MATMUL_MAX_MACS = 1 << 22  # per batch element; see _auto_matmul

@@ -210,6 +210,7 @@ class _Plan:
     blocked: Blocked = Blocked(frozenset(), frozenset())  # convs writing / reading NCHWc
     expansions: dict = dataclasses.field(default_factory=dict)  # id(depthwise conv eqn) -> the 1x1 conv it runs
     sources: dict = dataclasses.field(default_factory=dict)  # id(matmul eqn) -> its operands' StridedSource or None
+    merges: dict = dataclasses.field(default_factory=dict)  # id(matmul eqn) -> the head merge's steps
 
 
 def _find_layers(graph: Graph, kinds_wanted):
@@ -234,6 +235,7 @@ def _plan(closed: jcore.ClosedJaxpr, selectors: dict[str, Selector]) -> _Plan:
     found, counts, avg_pools = _find_layers(graph, selectors)
     _check_lengths(selectors, counts)
     plan = _Plan({}, set(), graph.producers())
+    ops = {id(op.eqn): op for op in graph.all_ops()}
     consts = dict(zip(closed.jaxpr.constvars, closed.consts))
     for eqn, layer in found:
         known = [v.val if isinstance(v, jcore.Literal) else consts.get(v) for v in eqn.invars]
@@ -244,6 +246,8 @@ def _plan(closed: jcore.ClosedJaxpr, selectors: dict[str, Selector]) -> _Plan:
                 plan.dropped.add(avg_pools[id(eqn)])
             if layer.kind == "matmul" and any(sources := kinds.matmul_sources(eqn, algorithm.name, plan.producers)):
                 plan.sources[id(eqn)] = sources
+            if layer.kind == "matmul" and (steps := kinds.head_merge(ops[id(eqn)], algorithm.name)):
+                plan.merges[id(eqn)] = steps
 
     def writes_into(eqn) -> bool:
         algorithm = plan.swaps.get(id(eqn))
@@ -316,10 +320,13 @@ def _rules(plan: _Plan) -> dict:
     read_through = {id(step): step for sources in plan.sources.values() for source in sources if source
                     for step in source.steps}
     values = {}  # jaxpr variable -> its value, for the steps a matmul reads through
+    merging = {id(step) for steps in plan.merges.values() for step in steps}
 
     def swap(eqn, *invals):
         if id(eqn) in read_through:
             values.update((var, x) for var, x in zip(eqn.invars, invals) if isinstance(var, jcore.Var))
+        if id(eqn) in merging:
+            return jnp.reshape(invals[0], eqn.outvars[0].aval.shape)
         if id(eqn) in plan.dropped:
             return invals[0]
         if id(eqn) in expanding:  # run by its depthwise conv, to which it passes its x on
@@ -353,6 +360,8 @@ def _rules(plan: _Plan) -> dict:
             run = functools.partial(run, y_layout="NCHWc")
         if id(eqn) in plan.sources:
             run = functools.partial(run, reads=tuple(_read(source, values) for source in plan.sources[id(eqn)]))
+        if id(eqn) in plan.merges:  # stored merged: its steps pass it on, the last one reshaped
+            run = functools.partial(run, batch_inner=True)
         if id(eqn) in plan.pooled:  # the pool's equation, dropped, passes this output on
             return run(eqn, *invals, producers=plan.producers, max_pool=plan.pooled[id(eqn)])
         if id(eqn) not in plan.parts:
@@ -365,7 +374,8 @@ def _rules(plan: _Plan) -> dict:
         return lax.slice_in_dim(whole, part.channel0, part.channel0 + eqn.outvars[0].aval.shape[1], axis=1)
 
     steps = ("sub", "mul", "add", "max") if chain else ()
-    viewed = {step.primitive.name for step in read_through.values()}
+    viewed = {step.primitive.name for step in read_through.values()} | {
+        step.primitive.name for steps in plan.merges.values() for step in steps}
     return {name: swap for name in (*kinds.PRIMITIVES, *(("concatenate",) if plan.assemblies else ()), *steps, *viewed)}
 
 

@@ -1419,7 +1419,8 @@ def _checked_view(name: str, x: jax.Array, view: Strided | None) -> jax.ShapeDty
 
 
 def matmul(a: jax.Array, c: jax.Array, dimension_numbers: DimensionNumbers, *,
-           a_view: Strided | None = None, c_view: Strided | None = None, scale: float = 1.0) -> jax.Array:
+           a_view: Strided | None = None, c_view: Strided | None = None, scale: float = 1.0,
+           batch_inner: bool = False) -> jax.Array:
     """`lax.dot_general(a, c, dimension_numbers) * scale` by the C GEMM, for
     float32 activations times activations (attention's `Q @ K^T`, `P @ V`).
 
@@ -1429,7 +1430,10 @@ def matmul(a: jax.Array, c: jax.Array, dimension_numbers: DimensionNumbers, *,
     its contracting axes innermost; otherwise it is copied to (batch, free,
     contracting) order first. With `a_view` (a `jtile._views.Strided`), `a`
     is a buffer and the operand is that view of it, read in place (it must be:
-    see `matmul_reads_in_place`); likewise `c_view`.
+    see `matmul_reads_in_place`); likewise `c_view`. With `batch_inner`, the
+    product comes in (free axes of a, batch axes, free axes of c) order: the
+    heads of attention's `P @ V` side by side per token, as the head merge
+    after it lays them out (which then costs no copy).
     """
     _require_float32("matmul", a=a, c=c)
     dn = tuple(tuple(tuple(int(ax) for ax in axes) for axes in pair) for pair in dimension_numbers)
@@ -1448,18 +1452,23 @@ def matmul(a: jax.Array, c: jax.Array, dimension_numbers: DimensionNumbers, *,
     if min(dims) == 0:
         raise ConfigError(f"matmul: the product of {a_shape} and {c_shape} is empty (dims [B, M, N, K] = {dims})")
     flat = jax.ShapeDtypeStruct((dims[0] * dims[1] * dims[2],), jnp.float32)
+    batch, rows = len(a_batch), len(a_shape) - len(a_batch) - len(a_contract)
+    order = list(range(len(out.shape)))  # the product's axes as stored
+    if batch_inner:
+        order = [*order[batch:batch + rows], *order[:batch], *order[batch + rows:]]
 
     def kernel(a, c):
         (a, a_offsets), (c, c_offsets) = (_matmul_operand(a, a_view, a_batch, a_contract),
                                           _matmul_operand(c, c_view, c_batch, c_contract))
         attrs = {name: np.array(v, np.int64) for name, v in
                  (("dims", dims), ("a_view", a_offsets), ("c_view", c_offsets))}
-        return _call("jtile_matmul", flat, a, c, vmap_method="sequential", scale=np.float32(scale),
-                     **attrs).reshape(out.shape)
+        y = _call("jtile_matmul", flat, a, c, vmap_method="sequential", scale=np.float32(scale),
+                  batch_inner=np.int64(batch_inner), **attrs)
+        return y.reshape([out.shape[ax] for ax in order])
 
     def reference(a, c):
         a, c = (x if v is None else _strided_reference(x, v) for x, v in ((a, a_view), (c, c_view)))
-        product = matmul_reference(a, c, dn)
+        product = jnp.transpose(matmul_reference(a, c, dn), order)
         return product if scale == 1.0 else product * np.float32(scale)
 
     return _with_reference_vjp(kernel, reference)(a, c)

@@ -14,7 +14,9 @@
 // y[b] = a[b] @ c[b], each operand a strided view of its buffer (so a head
 // split or a transpose feeding the product need not be copied), every batch
 // element one GEMM of gemm.h (gemm_batched: whole elements per worker),
-// times `scale` as it is stored (attention's 1 / sqrt(d)).
+// times `scale` as it is stored (attention's 1 / sqrt(d)). y is (B, M, N)
+// row-major, or with `batch_inner` (M, B, N): the heads of attention's P V
+// side by side per token, as the layer after the head merge reads them.
 #include "gemm.h"
 
 namespace jtile {
@@ -185,7 +187,8 @@ struct View {
 };
 
 ffi::Error Matmul(ffi::ThreadPool pool, F32Buffer a, F32Buffer c, ffi::Span<const int64_t> dims,
-                  ffi::Span<const int64_t> a_view, ffi::Span<const int64_t> c_view, float scale, F32Result y) {
+                  ffi::Span<const int64_t> a_view, ffi::Span<const int64_t> c_view, float scale,
+                  int64_t batch_inner, F32Result y) {
   if (dims.size() != 4 || a_view.size() != 4 || c_view.size() != 4)
     return ffi::Error::InvalidArgument(
         "jtile matmul: expected dims [B, M, N, K] and, per operand, [offset, batch, row, k strides]");
@@ -206,7 +209,10 @@ ffi::Error Matmul(ffi::ThreadPool pool, F32Buffer a, F32Buffer c, ffi::Span<cons
       else use(Columns(p, v.k_stride));
     };
     operand(av, [&](const Operand& lhs) {
-      operand(cv, [&](const Operand& rhs) { compute(lhs, rhs, GemmOutput{ys + i * m * n, n, nullptr, nullptr, ep}); });
+      operand(cv, [&](const Operand& rhs) {
+        compute(lhs, rhs, batch_inner ? GemmOutput{ys + i * n, batch * n, nullptr, nullptr, ep}
+                                      : GemmOutput{ys + i * m * n, n, nullptr, nullptr, ep});
+      });
     });
   });
   return ffi::Error::Success();
@@ -236,4 +242,5 @@ JTILE_DEFINE_HANDLER(JtileMatmul, jtile::Matmul,
                          .Attr<xla::ffi::Span<const int64_t>>("a_view")
                          .Attr<xla::ffi::Span<const int64_t>>("c_view")
                          .Attr<float>("scale")
+                         .Attr<int64_t>("batch_inner")
                          .Ret<jtile::F32Buffer>());

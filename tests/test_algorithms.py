@@ -1,3 +1,5 @@
+import re
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -534,6 +536,30 @@ def test_attention_block_runs_on_the_kernels(attention, tree_allclose):
     assert [e.invars[0].aval.shape for e in calls[:1]] + [e.invars[1].aval.shape for e in calls] == [(13, 1, 3 * dim)] * 3
     assert views[0] == [[0, WIDTH, 3 * dim, 1], [dim, WIDTH, 3 * dim, 1]]
     assert views[1][1] == [2 * dim, WIDTH, 1, 3 * dim]
+    # P @ V stores its heads side by side per token, as the head merge lays
+    # them out, so XLA copies nothing between it and the projection.
+    assert [int(dict(e.params["attributes"])["batch_inner"]) for e in calls] == [0, 1]
+    compiled = jax.jit(swapped).lower(params, x).compile().as_text()
+    assert not re.search(r"= \S+ transpose\(", compiled)
+
+
+def _merged_otherwise(p, x):
+    """`_attention` with its heads merged token-minor, (dim, tokens): no
+    batch-inner store lays that out."""
+    tokens, _, dim = x.shape
+    q, k, v = jnp.split(x @ p["w_qkv"] + p["b_qkv"], 3, axis=-1)
+    heads = lambda t: t.reshape(tokens, HEADS, WIDTH).transpose(1, 0, 2)  # noqa: E731
+    mixed = jax.nn.softmax(heads(q) @ heads(k).transpose(0, 2, 1), axis=-1) @ heads(v)
+    return p["w_out"] @ mixed.transpose(0, 2, 1).reshape(dim, tokens)
+
+
+def test_a_head_merge_in_another_order_keeps_the_product_in_order(attention, tree_allclose):
+    params, x = attention
+    swapped = swap_backend(_merged_otherwise, algorithms={"dense": "gemm", "matmul": "gemm"})
+    calls = [e for e in _iter_eqns(jax.make_jaxpr(swapped)(params, x).jaxpr)
+             if e.primitive.name == "ffi_call" and e.params["target_name"] == "jtile_matmul"]
+    assert [int(dict(e.params["attributes"])["batch_inner"]) for e in calls] == [0, 0]
+    assert tree_allclose(jax.jit(swapped)(params, x), _merged_otherwise(params, x), rtol=RTOL, atol=ATOL)
 
 
 def test_attention_known_operand_scales_multiply_inside_the_kernel(attention, tree_allclose):

@@ -292,13 +292,20 @@ def _matmul_case(draw):
 
 
 @settings(max_examples=40, deadline=None)
-@given(case=_matmul_case(), traced=st.booleans(), seed=st.integers(0, 2**16))
-def test_matmul_matches_dot_general(case, traced, seed):
+@given(case=_matmul_case(), traced=st.booleans(), batch_inner=st.booleans(), seed=st.integers(0, 2**16))
+def test_matmul_matches_dot_general(case, traced, batch_inner, seed):
+    """Also stored batch-inner: the product's axes come as (a's free axes, the
+    batch axes, c's free axes)."""
     (a_shape, c_shape), dn = case
     rng = np.random.default_rng(seed)
     a, c = _normal(rng, a_shape), _normal(rng, c_shape)
-    run = jax.jit(lambda a, c: kernels.matmul(a, c, dn)) if traced else lambda a, c: kernels.matmul(a, c, dn)
-    np.testing.assert_allclose(run(a, c), kernels.matmul_reference(a, c, dn), **TOL)
+    product = lambda a, c: kernels.matmul(a, c, dn, batch_inner=batch_inner)  # noqa: E731
+    want = kernels.matmul_reference(a, c, dn)
+    if batch_inner:
+        batch, rows = len(dn[1][0]), len(a_shape) - len(dn[1][0]) - len(dn[0][0])
+        axes = list(range(want.ndim))
+        want = want.transpose(axes[batch:batch + rows] + axes[:batch] + axes[batch + rows:])
+    np.testing.assert_allclose((jax.jit(product) if traced else product)(a, c), want, **TOL)
 
 
 # Attention's products in the model's own layout (one copy-free strided read

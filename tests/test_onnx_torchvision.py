@@ -212,7 +212,8 @@ def test_exported_vit_runs_its_norms_softmaxes_scales_and_shortcuts_on_the_kerne
     """Under `auto`: every layer norm and softmax on the row kernels, the
     attention's 1 / sqrt(head width) applied by the scores product, and each
     MLP's and attention's shortcut added by the dense layer before it (the
-    attention's through the exporter's reshape of its output projection)."""
+    attention's through the exporter's reshape of its output projection); P @ V
+    stores its heads side by side per token, as the head merge reads them."""
     from jtile.algorithms import swap_backend
     from jtile.fusion import fold_params
 
@@ -225,6 +226,9 @@ def test_exported_vit_runs_its_norms_softmaxes_scales_and_shortcuts_on_the_kerne
     assert targets.count("jtile_layer_norm") == 2 * layers + 1 and targets.count("jtile_softmax") == layers
     scales = [float(dict(e.params["attributes"])["scale"]) for e in calls if e.params["target_name"] == "jtile_matmul"]
     assert scales == [width ** -0.5, 1.0] * layers
+    merged = [int(dict(e.params["attributes"])["batch_inner"]) for e in calls
+              if e.params["target_name"] == "jtile_matmul"]
+    assert merged == [0, 1] * layers
     residuals = [e.invars[3].aval.shape for e in calls if e.params["target_name"] == "jtile_dense"]
     assert residuals.count((17, 32)) == 2 * layers  # 16 patches and the class token
     assert relative_error(jax.jit(swapped)(x.numpy()), onnxruntime_outputs(data, x.numpy())[0]) < RTOL
