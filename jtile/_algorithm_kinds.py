@@ -187,6 +187,28 @@ def pools(conv, pool, algorithm: str) -> bool:
     return _kernels().conv2d_max_pool_support(algorithm, **_conv_geometry(conv)) is None
 
 
+def cropped_read(conv, algorithm: str, producers):
+    """The conv equation `conv`, run by `algorithm`, as one that reads the
+    input of the slice making its x, the slice folded into its padding
+    (negative where the crop starts or ends inside that input), or None: a
+    kernel that takes negative padding, NCHW x, and a slice of unit strides
+    over H and W only. That is a region of `crop_dead_taps` (DeepLabV3's
+    dilated convs), whose slices XLA would copy."""
+    if not _kernels().conv2d_crops(algorithm) or tuple(conv.params["dimension_numbers"][0]) != (0, 1, 2, 3):
+        return None
+    x, padding = conv.invars[0], [tuple(pair) for pair in conv.params["padding"]]
+    while (sliced := producers.get(x)) is not None and sliced.primitive.name == "slice":  # (regions slice H, then W)
+        start, limit, strides = (sliced.params[k] for k in ("start_indices", "limit_indices", "strides"))
+        whole = sliced.invars[0].aval.shape
+        if any(k != 1 for k in strides or ()) or tuple(start[:2]) != (0, 0) or tuple(limit[:2]) != tuple(whole[:2]):
+            break
+        padding = [(lo - start[ax], hi - (whole[ax] - limit[ax])) for ax, (lo, hi) in zip((2, 3), padding)]
+        x = sliced.invars[0]
+    if x is conv.invars[0]:
+        return None
+    return conv.replace(invars=[x, *conv.invars[1:]], params={**conv.params, "padding": tuple(padding)})
+
+
 def reads_prefix(conv, algorithm: str) -> bool:
     """Whether the conv equation `conv`, run by `algorithm`, can read its NCHW
     input of one image as the first channels of a larger buffer."""

@@ -211,6 +211,7 @@ class _Plan:
     expansions: dict = dataclasses.field(default_factory=dict)  # id(depthwise conv eqn) -> the 1x1 conv it runs
     sources: dict = dataclasses.field(default_factory=dict)  # id(matmul eqn) -> its operands' StridedSource or None
     merges: dict = dataclasses.field(default_factory=dict)  # id(matmul eqn) -> the head merge's steps
+    crops: dict = dataclasses.field(default_factory=dict)  # id(conv eqn) -> it reading its slice's input
 
 
 def _find_layers(graph: Graph, kinds_wanted):
@@ -307,6 +308,11 @@ def _plan(closed: jcore.ClosedJaxpr, selectors: dict[str, Selector]) -> _Plan:
                              and kinds.blocks(conv, plan.swaps[id(conv)].name, side))
 
     plan.blocked = find_blocked(graph, blocks("y"), blocks("x"), kinds.blocking_pays)
+    plain = fused | expanded | set(plan.expansions) | plan.blocked.readers
+    for eqn, _ in found:
+        if swapped_conv(eqn) and id(eqn) not in plain and (
+                cropped := kinds.cropped_read(eqn, plan.swaps[id(eqn)].name, plan.producers)):
+            plan.crops[id(eqn)] = cropped
     return plan
 
 
@@ -323,7 +329,7 @@ def _rules(plan: _Plan) -> dict:
     merging = {id(step) for steps in plan.merges.values() for step in steps}
 
     def swap(eqn, *invals):
-        if id(eqn) in read_through:
+        if id(eqn) in read_through or eqn.primitive.name == "slice":
             values.update((var, x) for var, x in zip(eqn.invars, invals) if isinstance(var, jcore.Var))
         if id(eqn) in merging:
             return jnp.reshape(invals[0], eqn.outvars[0].aval.shape)
@@ -362,6 +368,9 @@ def _rules(plan: _Plan) -> dict:
             run = functools.partial(run, reads=tuple(_read(source, values) for source in plan.sources[id(eqn)]))
         if id(eqn) in plan.merges:  # stored merged: its steps pass it on, the last one reshaped
             run = functools.partial(run, batch_inner=True)
+        if id(eqn) in plan.crops:  # reads the slice's input (XLA drops the slice if nothing else reads it)
+            cropped = plan.crops[id(eqn)]
+            return run(cropped, values[cropped.invars[0]], *invals[1:], producers=plan.producers)
         if id(eqn) in plan.pooled:  # the pool's equation, dropped, passes this output on
             return run(eqn, *invals, producers=plan.producers, max_pool=plan.pooled[id(eqn)])
         if id(eqn) not in plan.parts:
@@ -375,7 +384,7 @@ def _rules(plan: _Plan) -> dict:
 
     steps = ("sub", "mul", "add", "max") if chain else ()
     viewed = {step.primitive.name for step in read_through.values()} | {
-        step.primitive.name for steps in plan.merges.values() for step in steps}
+        step.primitive.name for steps in plan.merges.values() for step in steps} | ({"slice"} if plan.crops else set())
     return {name: swap for name in (*kinds.PRIMITIVES, *(("concatenate",) if plan.assemblies else ()), *steps, *viewed)}
 
 

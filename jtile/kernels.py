@@ -377,8 +377,9 @@ class ConvSpec:
         )
         return n, o, oh, ow
 
-    def problem(self) -> str | None:
-        """Why no kernel can run this convolution, or None."""
+    def problem(self, crops: bool = False) -> str | None:
+        """Why no kernel can run this convolution, or None; with `crops`, a
+        kernel that takes negative padding (see `ConvAlgorithm.crops`)."""
         if np.dtype(self.dtype) != np.float32:
             return f"the kernels compute in float32 only, this layer is {np.dtype(self.dtype)}"
         if len(self.x_shape) != 4 or len(self.w_shape) != 4:
@@ -390,8 +391,9 @@ class ConvSpec:
             )
         if min(self.stride + self.dilation) < 1:
             return f"stride {self.stride} and dilation {self.dilation} must be >= 1"
-        if min(p for pair in self.padding for p in pair) < 0:
-            return f"negative padding {self.padding} (cropping) has no kernel; crop the input first"
+        if min(p for pair in self.padding for p in pair) < 0 and not crops:
+            takers = ", ".join(repr(name) for name, kernel in _CONV_ALGORITHMS.items() if kernel.crops)
+            return f"negative padding {self.padding} (cropping): only {takers} takes it; crop the input first"
         if min(self.out_shape) < 1:
             return f"the output {self.out_shape} is empty"
         return None
@@ -419,6 +421,9 @@ class ConvAlgorithm:
     # x_channels channels of an x of one image that may hold more
     # (`conv2d(reads_prefix=True)`).
     reads_prefix: bool = False
+    # The handler takes negative padding: it reads a window of x that starts or
+    # ends inside it (a crop of x, read in place).
+    crops: bool = False
     # Why the handler cannot take this layer's x or y channel-blocked
     # (`conv2d(x_layout=, y_layout=)`, the "x_nchwc" and "y_nchwc"
     # attributes), or None; unset: NCHW only.
@@ -535,7 +540,7 @@ def register_conv_algorithm(name: str, target: str, symbol: str,
                             support: Callable[[ConvSpec], str | None], prepare=None,
                             residual: bool = False, max_pool=None, prologue=None,
                             reads_prefix: bool = False,
-                            nchwc: Callable[[ConvSpec], str | None] | None = None) -> None:
+                            nchwc: Callable[[ConvSpec], str | None] | None = None, crops: bool = False) -> None:
     """Add a conv algorithm whose handler takes (x, prepared weight, bias[,
     residual]) and the "conv" and epilogue attributes of `JTILE_CONV_BINDING`
     (kernels/common.h); an empty residual buffer means none. The optional
@@ -544,7 +549,8 @@ def register_conv_algorithm(name: str, target: str, symbol: str,
     _registry.register(f"ffi_call:{target}", describe=_describe_conv_call, macs=_call_macs,
                        weights=(1, 2, 5), activations=(0, 3, 4))
     keep = ConvAlgorithm.prepare if prepare is None else prepare
-    _CONV_ALGORITHMS[name] = ConvAlgorithm(target, support, keep, residual, max_pool, prologue, reads_prefix, nchwc)
+    _CONV_ALGORITHMS[name] = ConvAlgorithm(target, support, keep, residual, max_pool, prologue, reads_prefix, crops,
+                                           nchwc)
 
 
 def _subsamples_first(algorithm: str, x_shape, w_shape, config: dict, x_layout: str) -> bool:
@@ -557,6 +563,11 @@ def _subsamples_first(algorithm: str, x_shape, w_shape, config: dict, x_layout: 
 def conv2d_writes_into(algorithm: str) -> bool:
     """Whether `conv2d(algorithm=...)` takes `into=` (writes into a concatenation's buffer)."""
     return algorithm in _CONV_ALGORITHMS and _CONV_ALGORITHMS[algorithm].residual
+
+
+def conv2d_crops(algorithm: str) -> bool:
+    """Whether `conv2d(algorithm=...)` takes negative padding (reads a crop of x in place)."""
+    return algorithm in _CONV_ALGORITHMS and _CONV_ALGORITHMS[algorithm].crops
 
 
 def conv2d_reads_prefix(algorithm: str) -> bool:
@@ -670,7 +681,7 @@ def conv2d_support(algorithm: str, *, x_shape: Sequence[int], w_shape: Sequence[
         )
     spec = _geometry_spec(x_shape, w_shape, stride, padding, dilation, groups, dtype)
     kernel = _CONV_ALGORITHMS[algorithm]
-    return spec.problem() or kernel.support(spec) or kernel_unavailable(kernel.target)
+    return spec.problem(kernel.crops) or kernel.support(spec) or kernel_unavailable(kernel.target)
 
 
 def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm: str = "direct",
@@ -1032,7 +1043,7 @@ def _smm_nchwc(spec: ConvSpec) -> str | None:
 
 
 register_conv_algorithm("smm", "jtile_conv_smm", "JtileConvSmm", _any_conv, _smm_prepare, residual=True,
-                        prologue=_smm_prologue, reads_prefix=True, nchwc=_smm_nchwc)
+                        prologue=_smm_prologue, reads_prefix=True, nchwc=_smm_nchwc, crops=True)
 
 # ------------------------------------------------- grouped (channel-blocked) conv
 

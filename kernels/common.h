@@ -686,12 +686,13 @@ class ChannelValues {
 // writes channels [channel0, channel0 + O) of a larger y of one image (a
 // concatenation's buffer; see conv_output). With x_channels >= 0 the conv
 // reads the first x_channels channels of an x of one image that may hold more
-// (a concatenation's buffer that later parts extend).
+// (a concatenation's buffer that later parts extend). With `crops`, padding
+// may be negative: the conv reads a window of x that starts or ends inside it.
 inline ffi::Error decode_conv(ffi::Span<const int64_t> x_dims, const int64_t (&weight)[4], const F32Buffer& b,
                               ffi::Span<const int64_t> attr, F32Result& y, int64_t act,
                               float alpha, float lo, float hi, ConvShape* s, Epilogue* ep,
                               int64_t channel0 = -1, const FusedPool& pool = {}, int64_t x_channels = -1,
-                              Layouts layouts = {}) {
+                              Layouts layouts = {}, bool crops = false) {
   int64_t xd[4], yd[4];
   if (!nchw_dims(x_dims, layouts.x, xd) || !nchw_dims(y->dimensions(), layouts.y, yd) || attr.size() != 9)
     return ffi::Error::InvalidArgument("jtile conv: expected x and y NCHW (or NCHWc where asked) and 9 conv attributes");
@@ -705,7 +706,7 @@ inline ffi::Error decode_conv(ffi::Span<const int64_t> x_dims, const int64_t (&w
             Bias::fits(b, s->o) && yd[0] == s->n &&
             (channel0 < 0 ? yd[1] == y_channels : s->n == 1 && channel0 + s->o <= yd[1] && !pool.active()) &&
             s->sh >= 1 && s->sw >= 1 && s->dh >= 1 && s->dw >= 1 &&
-            std::min({s->pt, s->pb, s->pl, s->pr}) >= 0;
+            (crops || std::min({s->pt, s->pb, s->pl, s->pr}) >= 0);
   if (ok) {
     s->oh = window_out(s->h, s->kh, s->sh, s->pt, s->pb, s->dh);
     s->ow = window_out(s->w, s->kw, s->sw, s->pl, s->pr, s->dw);
@@ -742,14 +743,14 @@ inline ffi::Error decode_packed_conv(const char* name, const F32Buffer& x, ffi::
                                      const F32Buffer& b, ffi::Span<const int64_t> attr, F32Result& y,
                                      int64_t act, float alpha, float lo, float hi, ConvShape* s, Epilogue* ep,
                                      int64_t channel0 = -1, const FusedPool& pool = {}, int64_t x_channels = -1,
-                                     Layouts layouts = {}) {
+                                     Layouts layouts = {}, bool crops = false) {
   int64_t xd[4];
   if (!nchw_dims(x.dimensions(), layouts.x, xd) || attr.size() != 9 || attr[8] < 1 || kernel.size() != 3)
     return ffi::Error::InvalidArgument(std::string("jtile ") + name +
                                        ": expected NCHW (or NCHWc) x, 9 conv attributes (groups >= 1) and [O, KH, KW]");
   const int64_t weight[4] = {kernel[0], (x_channels < 0 ? xd[1] : x_channels) / attr[8], kernel[1], kernel[2]};
   return decode_conv(x.dimensions(), weight, b, attr, y, act, alpha, lo, hi, s, ep, channel0, pool, x_channels,
-                     layouts);
+                     layouts, crops);
 }
 
 }  // namespace jtile

@@ -18,6 +18,9 @@
 // DenseNet applies to every concatenation before its 1x1 conv, so that they
 // cost no pass of their own. In pixel rows (one image) x is then packed as A.
 //
+// Padding may be negative (a window of x that starts or ends inside it: a
+// conv reading a crop of x in place), read by the im2col gather.
+//
 // In pixel rows, x and y may be channel-blocked, NCHWc (one image;
 // attributes "x_nchwc" and "y_nchwc"): the GEMM then reads a
 // 1x1 conv's x in place, each (pixel, channel) broadcast from its block, and
@@ -198,7 +201,7 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, 
   ConvShape s;
   Epilogue ep;
   if (auto e = decode_packed_conv("smm", x, kernel, b, attr, y, act, alpha, lo, hi, &s, &ep, channel0, {}, x_channels,
-                                   Layouts{x_nchwc != 0, y_nchwc != 0});
+                                   Layouts{x_nchwc != 0, y_nchwc != 0}, /*crops=*/true);
       e.failure())
     return e;
   const int64_t og = s.og(), taps = s.cg * s.kh * s.kw, pixels = s.oh * s.ow;
@@ -212,7 +215,7 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, 
   if (has_residual && (int64_t)res.element_count() != (y_nchwc ? (int64_t)y->element_count() : conv_output_size(s)))
     return ffi::Error::InvalidArgument("jtile smm: the residual must be empty or have the output's shape");
   const bool pointwise = s.kh == 1 && s.kw == 1 && s.sh == 1 && s.sw == 1 &&
-                         s.pt + s.pb + s.pl + s.pr == 0;
+                         s.pt == 0 && s.pb == 0 && s.pl == 0 && s.pr == 0;
   const ChannelValues shift(x_shift, 0.0f), scale(x_scale, 1.0f), offset(x_bias, 0.0f);
   const bool has_prologue = shift.given() || scale.given() || offset.given() || prologue_activation != 0;
   Epilogue prologue_act;

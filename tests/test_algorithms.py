@@ -543,6 +543,39 @@ def test_attention_block_runs_on_the_kernels(attention, tree_allclose):
     assert not re.search(r"= \S+ transpose\(", compiled)
 
 
+def _atrous(x, w):
+    """DeepLabV3's atrous 3x3 at dilation 12 on a 14x14 map."""
+    return lax.conv_general_dilated(x, w, (1, 1), ((12, 12), (12, 12)), rhs_dilation=(12, 12))
+
+
+def test_region_convs_read_their_crops_of_x_in_place(getkey):
+    """`crop_dead_taps` cuts the atrous conv into regions, each on a slice of x;
+    on `smm` each region reads x where it lies (the slice folded into negative
+    padding), so no slice is left to copy x."""
+    x, w = jax.random.normal(getkey(), (1, 480, 14, 14)), np.asarray(jax.random.normal(getkey(), (256, 480, 3, 3)))
+    cropped = jtile.fusion.crop_dead_taps(lambda x: _atrous(x, w * 0.05))
+    assert "slice" in {e.primitive.name for e in _iter_eqns(jax.make_jaxpr(cropped)(x).jaxpr)}
+    swapped = swap_backend(cropped, algorithms={"conv2d": "smm"})
+    calls = [e for e in _iter_eqns(jax.make_jaxpr(swapped)(x).jaxpr) if e.primitive.name == "ffi_call"]
+    assert len(calls) > 1 and {e.invars[0].aval.shape for e in calls} == {x.shape}
+    assert min(np.asarray(dict(e.params["attributes"])["conv"].val)[2:6].min() for e in calls) < 0
+    assert "slice" not in jax.jit(swapped).lower(x).compile().as_text().split("ENTRY")[1]
+    np.testing.assert_allclose(jax.jit(swapped)(x), _atrous(x, w * 0.05), rtol=1e-4, atol=1e-4)
+
+
+def test_a_conv_keeps_a_slice_it_cannot_read_in_place(getkey):
+    """A strided slice, or one over channels, stays: negative padding crops H and W only."""
+    x, w = jax.random.normal(getkey(), (1, 8, 12, 12)), jax.random.normal(getkey(), (4, 4, 3, 3))
+    for sliced in (lambda x: x[:, :4, 1:], lambda x: x[:, 4:, ::2, 1:]):
+        def conv(x, w):
+            return lax.conv_general_dilated(sliced(x), w, (1, 1), ((1, 1), (1, 1)))
+
+        swapped = swap_backend(conv, algorithms={"conv2d": "smm"})
+        names = [e.primitive.name for e in _iter_eqns(jax.make_jaxpr(swapped)(x, w).jaxpr)]
+        assert "slice" in names and "ffi_call" in names
+        np.testing.assert_allclose(jax.jit(swapped)(x, w), conv(x, w), rtol=1e-4, atol=1e-4)
+
+
 def _merged_otherwise(p, x):
     """`_attention` with its heads merged token-minor, (dim, tokens): no
     batch-inner store lays that out."""

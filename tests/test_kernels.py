@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from jax import lax
 
 import jtile
 from jtile import kernels
@@ -105,6 +106,30 @@ def test_smm_orientations_fuse_bias_residual_and_activation(x_shape, w_shape, st
     packed = kernels._smm_prepare(spec, w)[0]
     rows = kernels.gemm_tile()[1] if pixel_rows else kernels.gemm_tile("tall")[0]
     assert packed.shape == (1, -(-w_shape[0] // rows), np.prod(w_shape[1:]), rows)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, padding, dilation, pixel_rows", [
+    ((1, 96, 14, 14), (64, 96, 3, 3), ((14, -2), (-2, 14)), (12, 12), True),  # a 2x2 corner of an atrous conv
+    ((2, 40, 30, 30), (96, 40, 3, 3), ((-3, 1), (1, -5)), (1, 1), False),  # batch 2, 26x24 out
+    ((1, 32, 9, 11), (16, 32, 1, 1), ((-2, -1), (-3, 0)), (1, 1), False),  # a 1x1 on a crop: gathered, not in place
+])
+def test_smm_reads_a_crop_of_x_through_negative_padding(x_shape, w_shape, padding, dilation, pixel_rows):
+    """Negative padding: the conv reads a window of x that starts or ends inside
+    it, as lax.conv_general_dilated does; the other kernels refuse it."""
+    rng = np.random.default_rng(8)
+    x, w, b = _normal(rng, x_shape), _normal(rng, w_shape) * 0.1, _normal(rng, w_shape[0])
+    spec = kernels.ConvSpec(x_shape, w_shape, stride=(1, 1), padding=padding, dilation=dilation, groups=1,
+                            dtype=np.dtype(np.float32))
+    assert kernels.smm_pixel_rows(spec) == pixel_rows
+    kw = dict(padding=padding, dilation=dilation, activation="relu")
+    want = jax.nn.relu(lax.conv_general_dilated(x, w, (1, 1), padding, rhs_dilation=dilation)
+                       + b[None, :, None, None])
+    np.testing.assert_allclose(jax.jit(lambda x: kernels.conv2d(x, w, b, algorithm="smm", **kw))(x), want,
+                               rtol=1e-4, atol=3e-4)
+    geometry = dict(x_shape=x_shape, w_shape=w_shape, stride=(1, 1), padding=padding, dilation=dilation, groups=1,
+                    dtype=jnp.float32)
+    assert kernels.conv2d_support("smm", **geometry) is None
+    assert "negative padding" in kernels.conv2d_support("grouped", **geometry)
 
 
 @pytest.mark.parametrize("x_shape, stride", [
