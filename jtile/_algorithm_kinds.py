@@ -30,7 +30,7 @@ from ._geometry import ConvGeometry, DotGeometry, PoolGeometry
 from ._graph import Graph
 from ._interpreter import on_host, to_device
 from ._layers import Layer, dense_weight_axis, layer_fields, scope_name
-from ._regions import pool_axes
+from ._regions import Window, pool_axes
 from ._registry import facet
 from ._views import strided_source
 
@@ -196,17 +196,19 @@ def cropped_read(conv, algorithm: str, producers):
     dilated convs), whose slices XLA would copy."""
     if not _kernels().conv2d_crops(algorithm) or tuple(conv.params["dimension_numbers"][0]) != (0, 1, 2, 3):
         return None
-    x, padding = conv.invars[0], [tuple(pair) for pair in conv.params["padding"]]
+    g = ConvGeometry.of(conv)
+    x, axes = conv.invars[0], [g.axis(i) for i in range(2)]
     while (sliced := producers.get(x)) is not None and sliced.primitive.name == "slice":  # (regions slice H, then W)
         start, limit, strides = (sliced.params[k] for k in ("start_indices", "limit_indices", "strides"))
         whole = sliced.invars[0].aval.shape
         if any(k != 1 for k in strides or ()) or tuple(start[:2]) != (0, 0) or tuple(limit[:2]) != tuple(whole[:2]):
             break
-        padding = [(lo - start[ax], hi - (whole[ax] - limit[ax])) for ax, (lo, hi) in zip((2, 3), padding)]
+        axes = [s.read_through(Window(start[2 + i], limit[2 + i]), whole[2 + i]) for i, s in enumerate(axes)]
         x = sliced.invars[0]
     if x is conv.invars[0]:
         return None
-    return conv.replace(invars=[x, *conv.invars[1:]], params={**conv.params, "padding": tuple(padding)})
+    padding = tuple((s.pad_lo, s.pad_hi) for s in axes)
+    return conv.replace(invars=[x, *conv.invars[1:]], params={**conv.params, "padding": padding})
 
 
 def reads_prefix(conv, algorithm: str) -> bool:

@@ -114,6 +114,13 @@ class SlidingWindow:
         `out_size * window` where no tap reads padding."""
         return sum(win.size * live for win, live in self.tap_bands())
 
+    def read_through(self, rows: Window, whole: int) -> "SlidingWindow":
+        """The same windows over an input of `whole` rows of which this axis's
+        input is `rows`: the crop folded into the padding, negative where it
+        starts or ends inside (a conv reading its input's crop in place)."""
+        return dataclasses.replace(self, in_size=whole, pad_lo=self.pad_lo - rows.start,
+                                   pad_hi=self.pad_hi - (whole - rows.stop))
+
     def input_region(self, out: Window) -> tuple[Window, tuple[int, int]]:
         """The input rows `out` reads, and the (lo, hi) padding left to this tile."""
         start = out.start * self.stride - self.pad_lo
