@@ -610,11 +610,13 @@ def head_merge(op, algorithm: str) -> tuple | None:
             index = np.asarray(step.eqn.primitive.bind(jnp.asarray(index, jnp.int32), **step.eqn.params))
         value = step.outs[0]
         steps.append(step.eqn)
-    if not steps or index.size != math.prod(op.outs[0].shape):
+    product = op.outs[0].shape
+    if not steps or index.size != math.prod(product):
         return None
-    g = DotGeometry.of(op.eqn)
-    b, m, n = index // (g.m * g.n), index // g.n % g.m, index % g.n
-    return tuple(steps) if np.array_equal(np.ravel((m * g.batch + b) * g.n + n), np.arange(index.size)) else None
+    stored = _kernels().matmul_stored_axes(len(op.ins[0].shape), len(product), op.eqn.params["dimension_numbers"],
+                                           batch_inner=True)
+    merged = np.arange(index.size).reshape(product).transpose(stored)  # the offsets batch-inner storage holds
+    return tuple(steps) if np.array_equal(np.ravel(index), np.ravel(merged)) else None
 
 
 _MATMUL_MAX_MACS = 1 << 22  # per batch element; see _auto_matmul

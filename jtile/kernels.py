@@ -1429,6 +1429,16 @@ def _checked_view(name: str, x: jax.Array, view: Strided | None) -> jax.ShapeDty
     return jax.ShapeDtypeStruct(view.shape, jnp.result_type(x))
 
 
+def matmul_stored_axes(a_ndim: int, out_ndim: int, dimension_numbers: DimensionNumbers,
+                       batch_inner: bool) -> list[int]:
+    """The axes of a product of `out_ndim` axes (`dot_general` order: batch,
+    a's free, c's free) in the order `matmul(batch_inner=...)` returns them."""
+    (a_contract, _), (a_batch, _) = dimension_numbers
+    batch, rows = len(a_batch), a_ndim - len(a_batch) - len(a_contract)
+    axes = list(range(out_ndim))
+    return [*axes[batch:batch + rows], *axes[:batch], *axes[batch + rows:]] if batch_inner else axes
+
+
 def matmul(a: jax.Array, c: jax.Array, dimension_numbers: DimensionNumbers, *,
            a_view: Strided | None = None, c_view: Strided | None = None, scale: float = 1.0,
            batch_inner: bool = False) -> jax.Array:
@@ -1463,10 +1473,7 @@ def matmul(a: jax.Array, c: jax.Array, dimension_numbers: DimensionNumbers, *,
     if min(dims) == 0:
         raise ConfigError(f"matmul: the product of {a_shape} and {c_shape} is empty (dims [B, M, N, K] = {dims})")
     flat = jax.ShapeDtypeStruct((dims[0] * dims[1] * dims[2],), jnp.float32)
-    batch, rows = len(a_batch), len(a_shape) - len(a_batch) - len(a_contract)
-    order = list(range(len(out.shape)))  # the product's axes as stored
-    if batch_inner:
-        order = [*order[batch:batch + rows], *order[:batch], *order[batch + rows:]]
+    order = matmul_stored_axes(len(a_shape), len(out.shape), dn, batch_inner)
 
     def kernel(a, c):
         (a, a_offsets), (c, c_offsets) = (_matmul_operand(a, a_view, a_batch, a_contract),
@@ -1725,7 +1732,7 @@ __all__ = [
     "smm_pixel_rows", "pack_gemm_weight", "to_nchwc", "from_nchwc", "nchwc_shape",
     "conv2d_nchwc_support", "expanded_depthwise_support", "expanded_depthwise_conv2d", "vector_lanes",
     "dense_reference", "GEMV_ROWS", "dense",
-    "matmul_reference", "matmul",
+    "matmul_reference", "matmul", "matmul_stored_axes",
     "max_pool2d_reference", "avg_pool2d_reference", "global_avg_pool2d_reference", "max_pool2d",
     "avg_pool2d", "global_avg_pool2d", "resize2d_reference", "resize2d", "softmax_reference", "softmax",
     "layer_norm_reference", "layer_norm", "LIBRARY_PATH"
