@@ -1312,7 +1312,8 @@ def dense(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *,
 
     With `transpose_w`, w is `(N, K)` (PyTorch's Linear layout) and the kernel
     computes `x @ w.T` without transposing w. A known (folded) w is packed
-    once, at trace time, for the register-blocked GEMM, whatever the rows; a
+    once, at trace time, for the register-blocked GEMM, whatever the rows (one
+    row streams the packed strips several at a time instead); a
     traced w is streamed in place by a matrix-vector path for few rows (see
     `GEMV_ROWS`), packed in `jnp` on every call for more.
     """

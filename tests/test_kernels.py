@@ -296,6 +296,19 @@ def test_dense_long_rows_match_reference(m, k):
     np.testing.assert_allclose(got, kernels.dense_reference(x, w, b, **kw), rtol=1e-4, atol=1e-3)
 
 
+# One row on a known (packed) weight takes the matrix-vector path that streams
+# several strips at once: strips in a partial group (n = 130: 3 strips of the
+# AVX-512 tile), and K split into chunks whose partial sums are added at the
+# end (few strips, long K), with the bias, a residual and the activation.
+@pytest.mark.parametrize("k, n", [(3000, 70), (700, 130), (5, 1)])
+def test_dense_one_row_on_packed_weight_matches_reference(k, n):
+    rng = np.random.default_rng(4)
+    x, w, b, r = _normal(rng, (1, k)), _normal(rng, (n, k)), _normal(rng, n), _normal(rng, (1, n))
+    kw = dict(activation="relu", transpose_w=True, residual=r)
+    got = jax.jit(lambda x: kernels.dense(x, w, b, **kw))(x)
+    np.testing.assert_allclose(got, kernels.dense_reference(x, w, b, **kw), rtol=1e-4, atol=1e-3)
+
+
 @st.composite
 def _matmul_case(draw):
     """Two operands of a random `dot_general`: 0-2 batch, 0-2 contracting and
