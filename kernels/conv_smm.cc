@@ -161,7 +161,9 @@ struct Im2col final : Operand {
 
 // x of a pointwise conv (K channels x N pixels, row-major) packed with the
 // per-channel prologue, in the order the batch norm computes it: B in channel
-// rows, A in pixel rows (strips of fewer rows than a vector).
+// rows. (In pixel rows, A's strips of MR pixels took partial vectors a channel
+// each, so the prologue is applied to a copy of x that A reads in place:
+// apply_prologue.)
 struct PrologueColumns final : Operand {
   const float* x;
   int64_t ldx;
@@ -171,24 +173,27 @@ struct PrologueColumns final : Operand {
                   const ChannelValues& bias, Epilogue act)
       : x(x), ldx(ldx), shift(shift), scale(scale), bias(bias), act(act) {}
 
-  void pack(int64_t k0, int64_t kc, int64_t i0, int64_t count, int r, float* dst) const override {
+  // Channel q's values [i0, i0 + count) with the prologue into dst.
+  void apply(int64_t q, int64_t i0, int64_t count, float* dst) const {
+    const float* src = x + q * ldx + i0;
     act.visit([&](auto f) {
-      for (int64_t s = 0; s < count; s += r, dst += kc * r) {
-        const int64_t cols = std::min<int64_t>(r, count - s);
-        for (int64_t q = 0; q < kc; ++q) {
-          const float* src = x + (k0 + q) * ldx + i0 + s;
-          const V m = vset1(shift[k0 + q]), sc = vset1(scale[k0 + q]), b = vset1(bias[k0 + q]);
-          for (int v = 0; v < r; v += W) {
-            const int lanes = (int)std::clamp<int64_t>(cols - v, 0, W);
-            const V in = lanes == W ? vload(src + v) : vload_partial(src + v, lanes);
-            const V packed = f(vadd(vmul(vsub(in, m), sc), b));
-            const int width = (int)std::min<int64_t>(W, r - v);  // of the strip's row
-            if (width == W) vstore(dst + q * r + v, packed); else vstore_partial(dst + q * r + v, packed, width);
-            if (lanes < width) std::fill(dst + q * r + v + lanes, dst + q * r + v + width, 0.0f);  // columns past the end
-          }
-        }
+      const V m = vset1(shift[q]), sc = vset1(scale[q]), b = vset1(bias[q]);
+      for (int64_t v = 0; v < count; v += W) {
+        const int lanes = (int)std::min<int64_t>(W, count - v);
+        const V out = f(vadd(vmul(vsub(lanes == W ? vload(src + v) : vload_partial(src + v, lanes), m), sc), b));
+        if (lanes == W) vstore(dst + v, out); else vstore_partial(dst + v, out, lanes);
       }
     });
+  }
+
+  void pack(int64_t k0, int64_t kc, int64_t i0, int64_t count, int r, float* dst) const override {
+    for (int64_t s = 0; s < count; s += r, dst += kc * r) {
+      const int64_t cols = std::min<int64_t>(r, count - s);
+      for (int64_t q = 0; q < kc; ++q) {
+        apply(k0 + q, i0 + s, cols, dst + q * r);
+        std::fill(dst + q * r + cols, dst + (q + 1) * r, 0.0f);  // columns past the end
+      }
+    }
   }
 };
 
@@ -248,9 +253,14 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, 
                                : GemmOutput{yg, pixels, nullptr, bias, ep, rg, pixels, s.o * pixels};
       if (x_nchwc)
         gemm(pool, pixels, og, taps, NchwcRows(x.typed_data(), pixels), wg, out, serial);
-      else if (has_prologue)
-        gemm(pool, pixels, og, taps, PrologueColumns(x.typed_data(), pixels, shift, scale, offset, prologue_act),
-             wg, out, serial);
+      else if (has_prologue) {  // x with the prologue, a channel a task, then read in place
+        // (MobileNetV3's squeeze-excitation scales before its 960->160 at 7x7:
+        // 88 us with the prologue packed into A's strips, 38 without one)
+        const PrologueColumns prologue(x.typed_data(), pixels, shift, scale, offset, prologue_act);
+        Scratch applied(s.c * pixels, false);
+        parallel_for(pool, s.c, [&](int64_t q) { prologue.apply(q, 0, pixels, &applied[q * pixels]); });
+        gemm(pool, pixels, og, taps, Columns(&applied[0], pixels), wg, out, serial);
+      }
       else if (pointwise && s.n == 1)  // x's channel rows are A's columns: read in place
         gemm(pool, pixels, og, taps, Columns(x.typed_data() + g * s.cg * pixels, pixels), wg, out, serial);
       else
