@@ -162,8 +162,8 @@ struct Im2col final : Operand {
 // x of a pointwise conv (K channels x N pixels, row-major) packed with the
 // per-channel prologue, in the order the batch norm computes it: B in channel
 // rows. (In pixel rows, A's strips of MR pixels took partial vectors a channel
-// each, so the prologue is applied to a copy of x that A reads in place:
-// apply_prologue.)
+// each, so ConvSmm applies the prologue to a copy of x, `apply` a channel at a
+// time, and A reads the copy in place.)
 struct PrologueColumns final : Operand {
   const float* x;
   int64_t ldx;
@@ -255,7 +255,7 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, 
         gemm(pool, pixels, og, taps, NchwcRows(x.typed_data(), pixels), wg, out, serial);
       else if (has_prologue) {  // x with the prologue, a channel a task, then read in place
         // (MobileNetV3's squeeze-excitation scales before its 960->160 at 7x7:
-        // 88 us with the prologue packed into A's strips, 38 without one)
+        // 88 us in the model with the prologue packed into A's strips, 51 so)
         const PrologueColumns prologue(x.typed_data(), pixels, shift, scale, offset, prologue_act);
         Scratch applied(s.c * pixels, false);
         parallel_for(pool, s.c, [&](int64_t q) { prologue.apply(q, 0, pixels, &applied[q * pixels]); });
