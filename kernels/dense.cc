@@ -153,16 +153,18 @@ void gemv_nk(ffi::ThreadPool& pool, int64_t m, int64_t k, int64_t n, const float
 // well, by the shape only, and the partial sums added in a fixed order.
 constexpr int PACKED_STREAMS = 4;
 
+// Strips [first, first + G) of w over k in [k0, k1): w at strip first, row
+// k0 (each strip kc x NR floats, k-major), `stride` floats between strips.
 template <int G>
-void gemv_strips(int64_t k0, int64_t k1, const float* x, const float* w, int64_t strip_floats, float* out) {
+void gemv_strips(int64_t kc, const float* x, const float* w, int64_t stride, float* out) {
   constexpr int64_t PACKED_AHEAD = 512;
   V acc[G][GEMM_NV];
   for (int g = 0; g < G; ++g)
     for (int v = 0; v < GEMM_NV; ++v) acc[g][v] = vzero();
-  for (int64_t p = k0; p < k1; ++p) {
+  for (int64_t p = 0; p < kc; ++p) {
     const V xv = vset1(x[p]);
     for (int g = 0; g < G; ++g) {
-      const float* row = w + g * strip_floats + p * GEMM_NR;
+      const float* row = w + g * stride + p * GEMM_NR;
       for (int l = 0; l < GEMM_NR; l += 64 / sizeof(float)) __builtin_prefetch(row + PACKED_AHEAD + l);
       for (int v = 0; v < GEMM_NV; ++v) acc[g][v] = vfma(xv, vload(row + v * W), acc[g][v]);
     }
@@ -171,24 +173,25 @@ void gemv_strips(int64_t k0, int64_t k1, const float* x, const float* w, int64_t
     for (int v = 0; v < GEMM_NV; ++v) vstore(out + g * GEMM_NR + v * W, acc[g][v]);
 }
 
-void gemv_packed(ffi::ThreadPool& pool, int64_t k, int64_t n, const float* x, const float* w, const float* bias,
+void gemv_packed(ffi::ThreadPool& pool, int64_t k, int64_t n, const float* x, const Prepacked& w, const float* bias,
                  const float* residual, const Epilogue& ep, float* y) {
   constexpr int G = PACKED_STREAMS;
-  const int64_t strips = ceil_div(n, GEMM_NR), groups = ceil_div(strips, G), strip_floats = k * GEMM_NR;
+  const int64_t strips = ceil_div(n, GEMM_NR), groups = ceil_div(strips, G);
   const int64_t kchunks = std::clamp<int64_t>(ceil_div(GEMV_TASKS, groups), 1, std::max<int64_t>(1, k / 256));
   const int64_t kstep = ceil_div(k, kchunks);
   // partial[c] holds chunk c's sums of every (padded) column.
   Scratch partial = make_scratch(kchunks * groups * G * GEMM_NR);
   parallel_for(pool, groups * kchunks, [&](int64_t task) {
     const int64_t g = task / kchunks, c = task % kchunks, first = g * G, count = std::min<int64_t>(G, strips - first);
-    const int64_t k0 = c * kstep, k1 = std::min(k, k0 + kstep);
-    const float* wg = w + first * strip_floats;
+    const int64_t k0 = c * kstep, kc = std::min(k, k0 + kstep) - k0;
+    int64_t stride;
+    const float* wg = w.packed(k0, first * GEMM_NR, &stride);
     float* out = &partial[(c * groups * G + first) * GEMM_NR];
     switch (count) {
-      case 4: gemv_strips<4>(k0, k1, x, wg, strip_floats, out); break;
-      case 3: gemv_strips<3>(k0, k1, x, wg, strip_floats, out); break;
-      case 2: gemv_strips<2>(k0, k1, x, wg, strip_floats, out); break;
-      default: gemv_strips<1>(k0, k1, x, wg, strip_floats, out); break;
+      case 4: gemv_strips<4>(kc, x + k0, wg, stride, out); break;
+      case 3: gemv_strips<3>(kc, x + k0, wg, stride, out); break;
+      case 2: gemv_strips<2>(kc, x + k0, wg, stride, out); break;
+      default: gemv_strips<1>(kc, x + k0, wg, stride, out); break;
     }
   });
   const int64_t padded = groups * G * GEMM_NR;
@@ -223,7 +226,7 @@ ffi::Error Dense(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, F3
   const float* rs = res.element_count() ? res.typed_data() : nullptr;
   float* ys = y->typed_data();
   if (packed && m == 1)
-    gemv_packed(pool, k, n, xs, ws, bs, rs, ep, ys);
+    gemv_packed(pool, k, n, xs, Prepacked(ws, k, GEMM_NR), bs, rs, ep, ys);
   else if (packed)
     gemm(pool, m, n, k, Rows(xs, k), Prepacked(ws, k, GEMM_NR), GemmOutput{ys, n, nullptr, bs, ep, rs});
   else if (transpose_w)
