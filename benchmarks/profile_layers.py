@@ -25,15 +25,19 @@ table gives each block's median time per run in each engine, slowest gap first,
 and the totals; `benchmarks/results/layers-<model>-<time>.json` holds every
 figure.
 
-Run: `python benchmarks/profile_layers.py mobilenet_v3_large [--runs 20] [--top 25]`.
+Run: `python benchmarks/profile_layers.py mobilenet_v3_large [--runs 20] [--top 25] [--depth N]`.
+Where the engines name a block's nodes too differently to meet (GoogLeNet's
+`/conv1/conv/Conv` against ONNX Runtime's fused `/conv1/Relu_output_0_nchwc`),
+`--depth 1` groups both by their top module (`/conv1`, `/inception3a`).
 
 !!! warning
 
     Needs the `bench` extra. ONNX Runtime's profiler and jax's add a few
     microseconds an op, so the totals exceed the models' plain run times;
-    compare blocks, not totals against `bench_real.py`. Zoo cases are not supported: their
-    jtile function is the zoo's own, whose layer names differ from the ONNX
-    export's.
+    compare blocks, not totals against `bench_real.py`. A zoo model's name
+    (`mobilenet_v2`, `resnet18`, `googlenet`, `alexnet`) profiles torchvision's
+    module of that architecture, exported with its own random weights, not the
+    zoo's function, whose layer names differ from the ONNX export's.
 """
 
 import argparse
@@ -53,21 +57,24 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_real import TORCHVISION, RealCase, _ort  # noqa: E402
+from bench_real import TORCHVISION, ZOO, RealCase, _ort  # noqa: E402
 
 from jtile import kernels  # noqa: E402
 from jtile.algorithms import swap_backend  # noqa: E402
 from jtile.fusion import fold_params  # noqa: E402
 
 
-def block(name: str) -> str:
+def block(name: str, depth: int | None = None) -> str:
     """A node's module path less its last two parts, or less its op alone
-    where two parts would be left (`/features/features.0/Conv`)."""
+    where two parts would be left (`/features/features.0/Conv`); with `depth`,
+    the path's first `depth` modules (`/inception3a` at depth 1)."""
     parts = name.strip("/").split("/")[:-1]
+    if depth is not None:
+        return "/" + "/".join(parts[:depth])
     return "/" + "/".join(parts[:-1] if len(parts) > 2 else parts)
 
 
-def jtile_blocks(case: RealCase, path: Path, runs: int) -> dict[str, float]:
+def jtile_blocks(case: RealCase, path: Path, runs: int, depth: int | None) -> dict[str, float]:
     """`{block: median ms a run}` of jtile's thunks, from one `jax.profiler` trace."""
     model_fn, params = case.jax_function(path)
     fn = jax.jit(swap_backend(fold_params(model_fn, params), algorithms="auto"))
@@ -90,7 +97,7 @@ def jtile_blocks(case: RealCase, path: Path, runs: int) -> dict[str, float]:
     blocks = collections.defaultdict(float)
     for thunk, times in per_thunk.items():
         layer = names[thunk].rsplit("/", 1)[0]  # less the primitive: the ONNX node's scope
-        blocks[block(layer)] += statistics.median(times)
+        blocks[block(layer, depth)] += statistics.median(times)
     return dict(blocks)
 
 
@@ -111,7 +118,7 @@ def kernel_thunks(fn, x, hlo: str, runs: int) -> dict[str, list[float]]:
     return {name: [c.us / 1e3 for c in times.calls[i::per_run]] for i, (name, _) in enumerate(calls)}
 
 
-def ort_blocks(path: Path, feed, runs: int) -> dict[str, float]:
+def ort_blocks(path: Path, feed, runs: int, depth: int | None) -> dict[str, float]:
     """`{block: median ms a run}` of ONNX Runtime's per-node kernel times."""
     session = _ort(path, profile=True)
     for _ in range(5 + runs):
@@ -126,22 +133,23 @@ def ort_blocks(path: Path, feed, runs: int) -> dict[str, float]:
     blocks = collections.defaultdict(float)
     for node, times in per_node.items():
         layer = re.sub(r"_output_\d+(_nchwc)?$", "", node)
-        blocks[block(layer)] += statistics.median(times[-runs:])
+        blocks[block(layer, depth)] += statistics.median(times[-runs:])
     return dict(blocks)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", choices=TORCHVISION)
+    parser.add_argument("model", choices=TORCHVISION + ZOO)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--top", type=int, default=25, help="blocks to print, largest gap first")
+    parser.add_argument("--depth", type=int, help="group by the first DEPTH modules of each path instead")
     args = parser.parse_args()
     case = RealCase(args.model)
     print(f"load average at start: {os.getloadavg()}")
     with tempfile.TemporaryDirectory() as directory:
         path = case.onnx_path(Path(directory))
-        ours = jtile_blocks(case, path, args.runs)
-        theirs = ort_blocks(path, {"x": case.input}, args.runs)
+        ours = jtile_blocks(case, path, args.runs, args.depth)
+        theirs = ort_blocks(path, {"x": case.input}, args.runs, args.depth)
     rows = sorted(((b, ours.get(b, 0.0), theirs.get(b, 0.0)) for b in ours.keys() | theirs.keys()),
                   key=lambda r: r[2] - r[1])
     print(f"{args.model}: per block, median ms a run (profilers on); ratio = ORT / jtile")
