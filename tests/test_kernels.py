@@ -513,6 +513,22 @@ def test_same_size_stride_1_max_pools_match_reference(case, seed):
 
 
 @pytest.mark.parametrize("shape, window, stride, padding", [
+    ((1, 128, 55, 55), (3, 3), (2, 2), ((0, 0), (0, 0))),  # SqueezeNet's: a row of 27 outputs, two vectors
+    ((1, 3, 56, 56), (3, 3), (2, 2), ((0, 1), (0, 1))),    # GoogLeNet's ceil mode: the last window ends in padding
+    ((2, 3, 9, 70), (2, 3), (3, 2), ((1, 0), (0, 2))),     # window rows in the top padding, 35 outputs a row
+    ((1, 2, 7, 3), (4, 3), (1, 2), ((2, 2), (0, 0))),      # one output a row, rows wholly in the padding
+])
+def test_max_pools_3_wide_at_column_stride_2_match_reference(shape, window, stride, padding):
+    """The 3-wide, column-stride-2 windows without left padding that pool.cc
+    computes in registers: NaN and Inf where they fall, right padding as -inf."""
+    rng = np.random.default_rng(0)
+    x = _normal(rng, shape)
+    x.reshape(-1)[rng.integers(0, x.size, 6)] = [np.nan, np.inf, -np.inf, np.nan, np.inf, -np.inf]
+    got = kernels.max_pool2d(x, window, stride, padding)
+    np.testing.assert_array_equal(got, kernels.max_pool2d_reference(x, window, stride, padding))
+
+
+@pytest.mark.parametrize("shape, window, stride, padding", [
     ((1, 5, 37, 45), (3, 3), (2, 2), ((1, 1), (1, 1))),    # rows of several vectors, stride 2
     ((2, 3, 33, 50), (2, 5), (3, 1), ((0, 2), (2, 0))),    # stride 3, padding on one side only
     ((1, 4, 20, 70), (4, 3), (1, 3), ((2, 2), (0, 2))),    # stride-3 columns over a long row
