@@ -60,16 +60,18 @@ template <int R, int N>
 inline void store_tile(V (&acc)[R][N], const Tile& t) {
   // The activation is chosen once per tile, not once per vector.
   t.ep->visit([&](auto act) {
-    if (t.last && !t.accumulate && !t.col_bias && t.cols == N * W) {
+    if (t.last && !t.accumulate && t.cols == N * W) {
       // The usual tile (one K block, full vectors), unrolled so that the
       // accumulators stay in registers: small-K layers (1x1 convs over 16
-      // channels) spend as long storing a tile as computing it.
+      // channels) spend as long storing a tile as computing it. The sums
+      // run in the general path's order, so the bits are the same.
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
-        const V bias = t.row_bias ? vset1(t.row_bias[r]) : vzero();
 #pragma GCC unroll 4
         for (int v = 0; v < N; ++v) {
-          V x = vadd(acc[r][v], bias);
+          V x = acc[r][v];
+          if (t.row_bias) x = vadd(x, vset1(t.row_bias[r]));
+          if (t.col_bias) x = vadd(x, vload(t.col_bias + v * W));
           if (t.residual) x = vadd(x, vload(t.residual + r * t.ldc + v * t.vstride));
           vstore(t.c + r * t.ldc + v * t.vstride, act(x));
         }
