@@ -200,14 +200,18 @@ void pool_flat_planes(ffi::ThreadPool& pool, const PoolShape& p, const float* x,
 // pool_rows): 128x55x55 29 against 34-36, 256x27x27 18 against 22, 64x112x112
 // 47 against 58, 192x56x56 43 against 50-53, 480x28x28 36-37 against 42-43;
 // SqueezeNet 1.648-1.652 against 1.659-1.678 ms best (3 pairs of processes).
-bool columns_3_stride_2(const PoolShape& p) { return p.kw == 3 && p.sw == 2 && p.pl == 0 && !p.whole_plane; }
+constexpr int64_t kMaxRegisterRows = 64;  // the most window rows it holds pointers to
+
+bool columns_3_stride_2(const PoolShape& p) {
+  return p.kw == 3 && p.sw == 2 && p.pl == 0 && p.kh <= kMaxRegisterRows && !p.whole_plane;
+}
 
 void max_pool_columns_3_stride_2(ffi::ThreadPool& pool, const PoolShape& p, const float* x, float* out) {
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
   const __m512 lowest = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   plane_runs(pool, p.planes, [&](int64_t first, int64_t last) {
-    const float* src[64];
+    const float* src[kMaxRegisterRows];
     for (int64_t plane = first; plane < last; ++plane) {
       const float* in = x + plane * p.h * p.w;
       for (int64_t oy = 0; oy < p.oh; ++oy) {
@@ -298,7 +302,7 @@ ffi::Error MaxPool(ffi::ThreadPool pool, F32Buffer x, ffi::Span<const int64_t> a
     return ffi::Error::Success();
   }
 #if defined(__AVX512F__)
-  if (columns_3_stride_2(p) && p.kh <= 64) {
+  if (columns_3_stride_2(p)) {
     max_pool_columns_3_stride_2(pool, p, x.typed_data(), out);
     return ffi::Error::Success();
   }
