@@ -97,11 +97,12 @@ inline V vpow2i(V n) {
   return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n.v), _mm512_set1_epi32(127)), 23))};
 }
 inline float vfirst(V x) { return _mm512_cvtss_f32(x.v); }
+// The permute index of the even lanes of two vectors (_mm512_permutex2var_ps).
+inline __m512i veven_lanes() { return _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30); }
 inline V vload_strided(const float* p, int64_t stride) {
   if (stride == 1) return vload(p);
   if (stride == 2) {  // even lanes of two vectors (reads one float past the last used)
-    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    return {_mm512_permutex2var_ps(_mm512_loadu_ps(p), even, _mm512_maskz_loadu_ps(0x7fff, p + 16))};
+    return {_mm512_permutex2var_ps(_mm512_loadu_ps(p), veven_lanes(), _mm512_maskz_loadu_ps(0x7fff, p + 16))};
   }
   const __m512i idx = _mm512_mullo_epi32(
       _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),

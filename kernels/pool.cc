@@ -39,6 +39,17 @@ ffi::Error decode_pool(const F32Buffer& x, ffi::Span<const int64_t> a, F32Result
   return ffi::Error::Success();
 }
 
+// The input rows of plane `in` that output row oy's window reads (those in
+// the vertical padding left out) into src, in order; returns their count.
+int window_rows(const PoolShape& p, const float* in, int64_t oy, const float** src) {
+  int count = 0;
+  for (int64_t ky = 0; ky < p.kh; ++ky) {
+    const int64_t iy = oy * p.sh + ky - p.pt;
+    if (iy >= 0 && iy < p.h) src[count++] = in + iy * p.w;
+  }
+  return count;
+}
+
 // fn(first, last) on the workers of parallel_for for runs of planes, about
 // 8 a worker, so that small planes (7x7 at 832 channels) do not cost a task
 // each.
@@ -84,11 +95,7 @@ void pool_rows(ffi::ThreadPool& pool, const PoolShape& p, const float* x, float 
         const int64_t oy1 = std::min(p.oh, oy0 + group);
         for (int64_t oy = oy0; oy < oy1; ++oy) {
           float* row = padded.data() + (oy - oy0) * length + p.pl;
-          int count = 0;
-          for (int64_t ky = 0; ky < p.kh; ++ky) {
-            const int64_t iy = oy * p.sh + ky - p.pt;
-            if (iy >= 0 && iy < p.h) src[count++] = in + iy * p.w;
-          }
+          const int count = window_rows(p, in, oy, src.data());
           if (count == 0) {
             std::fill(row, row + p.w, init);  // every window row is padding
           } else {
@@ -207,7 +214,7 @@ bool columns_3_stride_2(const PoolShape& p) {
 }
 
 void max_pool_columns_3_stride_2(ffi::ThreadPool& pool, const PoolShape& p, const float* x, float* out) {
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i even = veven_lanes();
   const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
   const __m512 lowest = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   plane_runs(pool, p.planes, [&](int64_t first, int64_t last) {
@@ -215,11 +222,7 @@ void max_pool_columns_3_stride_2(ffi::ThreadPool& pool, const PoolShape& p, cons
     for (int64_t plane = first; plane < last; ++plane) {
       const float* in = x + plane * p.h * p.w;
       for (int64_t oy = 0; oy < p.oh; ++oy) {
-        int count = 0;
-        for (int64_t ky = 0; ky < p.kh; ++ky) {
-          const int64_t iy = oy * p.sh + ky - p.pt;
-          if (iy >= 0 && iy < p.h) src[count++] = in + iy * p.w;
-        }
+        const int count = window_rows(p, in, oy, src);
         // The window rows' maximum at columns [c, c + W), -inf past the row.
         auto column = [&](int64_t c) {
           const __mmask16 inside = c >= p.w ? 0 : vmask((int)std::min<int64_t>(W, p.w - c));
