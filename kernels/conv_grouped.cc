@@ -45,8 +45,10 @@ namespace jtile {
 namespace {
 
 // Inputs up to this size are padded once per call and read by every task;
-// larger ones are copied a band of rows per task, rows that stay in L2.
-constexpr int64_t kSharedInputBytes = int64_t(1) << 20;
+// larger ones are copied a band of rows per task, rows that stay in L2. (At
+// 1 MB, ResNet-50's 3x3 stride-2 conv on 128x56x56, 1.7 MB padded, copied
+// each band's rows for each of its 4 tasks and took 1.12x the time.)
+constexpr int64_t kSharedInputBytes = int64_t(2) << 20;
 
 struct Grouped {
   ConvShape s;
@@ -157,12 +159,15 @@ using LoadFn = void (*)(const Grouped&, const float*, int64_t, int64_t, int64_t,
 // K * W, its outputs at out + v * band * owp * W, as (r * owp + ox) * W),
 // with the bias; each broadcast input value feeds NV FMAs. With GP > 1 groups
 // a vector (NV = 1), each broadcast carries GP groups' input values, and the
-// lanes are put in channel order before the bias.
-template <int B, int NV, int GP>
+// lanes are put in channel order before the bias. KS > 0: a KS x KS window
+// without dilation, its taps unrolled (a loop of 3 taps a row had cost a
+// sixth of the time in loop control); KS = 0: any window.
+template <int B, int NV, int GP, int KS>
 void compute_rows(const Grouped& p, const float* buf, int64_t in_rows, const float* wt, const V* bias,
                   int64_t rows, float* out) {
   const ConvShape& s = p.s;
-  const int64_t channel = in_rows * p.cols, k = s.cg * s.kh * s.kw, half = p.band * p.owp * W;
+  const int64_t kh = KS ? KS : s.kh, kw = KS ? KS : s.kw, dh = KS ? 1 : s.dh, dw = KS ? 1 : s.dw;
+  const int64_t channel = in_rows * p.cols, k = s.cg * kh * kw, half = p.band * p.owp * W;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t ox = 0; ox < p.owp; ox += B) {
       V acc[NV][B];
@@ -171,12 +176,14 @@ void compute_rows(const Grouped& p, const float* buf, int64_t in_rows, const flo
       const float* base = buf + (r * s.sh * p.cols + ox * s.sw) * GP;
       const float* w = wt;
       for (int64_t c = 0; c < s.cg; ++c)
-        for (int64_t ky = 0; ky < s.kh; ++ky) {
-          const float* row = base + (c * channel + ky * s.dh * p.cols) * GP;
-          for (int64_t kx = 0; kx < s.kw; ++kx, w += W) {
+#pragma GCC unroll 3
+        for (int64_t ky = 0; ky < kh; ++ky) {
+          const float* row = base + (c * channel + ky * dh * p.cols) * GP;
+#pragma GCC unroll 3
+          for (int64_t kx = 0; kx < kw; ++kx, w += W) {
             V wv[NV];
             for (int v = 0; v < NV; ++v) wv[v] = vload(w + v * k * W);
-            const float* xk = row + kx * s.dw * GP;
+            const float* xk = row + kx * dw * GP;
 #pragma GCC unroll 8
             for (int b = 0; b < B; ++b) {
               const V xb = vbroadcast_lanes<GP>(xk + b * s.sw * GP);
@@ -214,23 +221,31 @@ void pool_band(const Grouped& p, const Epilogue& ep, int64_t cy0, int64_t cy1, i
     }
 }
 
-template <int NV, int GP = 1>
+template <int NV, int GP, int KS>
 RowsFn pick_b(int b) {
   switch (b) {
-    case 4: return compute_rows<4, NV, GP>;
-    case 5: return compute_rows<5, NV, GP>;
-    case 6: return compute_rows<6, NV, GP>;
-    case 7: return compute_rows<7, NV, GP>;
-    default: return compute_rows<8, NV, GP>;
+    case 4: return compute_rows<4, NV, GP, KS>;
+    case 5: return compute_rows<5, NV, GP, KS>;
+    case 6: return compute_rows<6, NV, GP, KS>;
+    case 7: return compute_rows<7, NV, GP, KS>;
+    default: return compute_rows<8, NV, GP, KS>;
   }
 }
 
+// The row function for NV blocks of GP groups, its taps unrolled for an
+// undilated 3x3 window.
+template <int NV, int GP = 1>
+RowsFn pick_rows(const ConvShape& s, int b) {
+  const bool three = s.kh == 3 && s.kw == 3 && s.dh == 1 && s.dw == 1;
+  return three ? pick_b<NV, GP, 3>(b) : pick_b<NV, GP, 0>(b);
+}
+
 // The loader and row function for vectors of gp groups.
-std::pair<LoadFn, RowsFn> pick_packed(int gp, int b) {
+std::pair<LoadFn, RowsFn> pick_packed(const ConvShape& s, int gp, int b) {
   switch (gp) {
-    case 2: return {load_packed_rows<2>, pick_b<1, 2>(b)};
-    case 4: return {load_packed_rows<4>, pick_b<1, 4>(b)};
-    default: return {load_packed_rows<8>, pick_b<1, 8>(b)};
+    case 2: return {load_packed_rows<2>, pick_rows<1, 2>(s, b)};
+    case 4: return {load_packed_rows<4>, pick_rows<1, 4>(s, b)};
+    default: return {load_packed_rows<8>, pick_rows<1, 8>(s, b)};
   }
 }
 
@@ -273,8 +288,8 @@ ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer
                         has_residual ? res.typed_data() : nullptr, conv_output(s, y, channel0));
     return ffi::Error::Success();
   }
-  const auto [load_packed, compute_packed] = pick_packed(gp, p.b);
-  const RowsFn compute_pair = pick_b<2>(p.b), compute_one = gp > 1 ? compute_packed : pick_b<1>(p.b);
+  const auto [load_packed, compute_packed] = pick_packed(s, gp, p.b);
+  const RowsFn compute_pair = pick_rows<2>(s, p.b), compute_one = gp > 1 ? compute_packed : pick_rows<1>(s, p.b);
   const float *xs = x.typed_data(), *ws = w.typed_data(), *bias = bias_of.data();
   const float* rs = has_residual ? res.typed_data() : nullptr;
   float* ys = conv_output(s, y, channel0);
