@@ -78,6 +78,19 @@ struct Grouped {
   int64_t in_rows(int64_t out_rows) const { return (out_rows - 1) * s.sh + (s.kh - 1) * s.dh + 1; }
 };
 
+// Bands of even height over `rows` rows, at most `most` a band, with
+// `per_band` tasks a band on `threads` workers: the count whose busiest
+// worker has the fewest rows to compute, each band's `overlap` rows with its
+// neighbour included, the fewest bands on ties.
+int64_t balanced_bands(int64_t rows, int64_t most, int64_t overlap, int64_t per_band, int threads) {
+  if (rows <= 0) return 0;
+  const auto load = [&](int64_t bands) { return ceil_div(per_band * bands, threads) * (ceil_div(rows, bands) + overlap); };
+  int64_t bands = ceil_div(rows, std::max<int64_t>(most, 1));
+  for (int64_t b = bands + 1; b <= rows; ++b)
+    if (load(b) < load(bands)) bands = b;
+  return ceil_div(rows, ceil_div(rows, bands));  // no more than the bands' height needs
+}
+
 Grouped make_grouped(const ConvShape& s, const FusedPool& pool, int gp, int threads) {
   Grouped p;
   p.s = s;
@@ -93,21 +106,16 @@ Grouped make_grouped(const ConvShape& s, const FusedPool& pool, int gp, int thre
   p.b = register_block(s.ow);
   p.owp = ceil_div(s.ow, p.b) * p.b;
   p.cols = std::max((p.owp - 1) * s.sw + (s.kw - 1) * s.dw + 1, s.pl + s.w);
-  // Bands: input rows that stay in L2 (about 128 KB), in as many bands of
-  // even height as leave the busiest worker the fewest rows, the fewest bands
-  // on ties (DenseNet's 3x3 convs to 32 channels, one task a band, had taken
-  // 7 bands of 4 rows at 28x28, 4 at 14x14: 1.15x and 1.1x the time of 2).
+  // Bands: input rows that stay in L2 (about 128 KB), balanced over the
+  // workers (DenseNet's 3x3 convs to 32 channels, one task a band, had taken
+  // 7 bands of 4 rows at 28x28, 4 at 14x14, for 4 tasks a worker: 1.15x and
+  // 1.1x the time of 2).
   const int64_t by_size = std::max<int64_t>(1, (int64_t(32) << 10) / (s.cg * gp * p.cols * s.sh));
   int64_t most = std::clamp<int64_t>(by_size, 1, s.oh);  // rows a band may take
   if (pool.active())  // as many pooled rows as fit in about that many conv rows
     most = std::clamp<int64_t>((most - pool.kh) / pool.sh + 1, 1, std::max<int64_t>(p.ph, 1));
-  const int64_t per_band = s.n * p.packs * p.units;
-  p.bands = ceil_div(p.ph, most);
-  for (int64_t b = p.bands + 1, busiest = ceil_div(per_band * p.bands, threads) * ceil_div(p.ph, p.bands); b <= p.ph; ++b)
-    if (const int64_t rows = ceil_div(per_band * b, threads) * ceil_div(p.ph, b); rows < busiest)
-      busiest = rows, p.bands = b;
+  p.bands = balanced_bands(p.ph, most, ceil_div((s.kh - 1) * s.dh, s.sh), s.n * p.packs * p.units, threads);
   p.rows = p.bands > 0 ? ceil_div(p.ph, p.bands) : 1;
-  p.bands = ceil_div(p.ph, p.rows);
   p.band = pool.active() ? (p.rows - 1) * pool.sh + pool.kh : p.rows;
   p.shared = gp == 1 && p.units > 1 && s.n * s.c * p.in_rows(s.oh) * p.cols * int64_t(sizeof(float)) <= kSharedInputBytes;
   return p;
