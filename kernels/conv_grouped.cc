@@ -215,23 +215,34 @@ void compute_rows(const Grouped& p, const float* buf, int64_t in_rows, const flo
 using RowsFn = void (*)(const Grouped&, const float*, int64_t, const float*, const V*, int64_t, float*);
 
 // Conv rows [cy0, cy1) of one block in `out` ((r * owp + ox) * W, bias
-// included) activated in place and max-pooled into rows [y0, y1) of the pooled
-// plane at pooled ((r * pw + ox) * W); taps outside the conv's output are
-// skipped (padding as -inf), NaN propagates.
-void pool_band(const Grouped& p, const Epilogue& ep, int64_t cy0, int64_t cy1, int64_t y0, int64_t y1, float* out,
-               float* pooled) {
+// included), activated as they are read, max-pooled into rows [y0, y1) of the
+// pooled plane at pooled ((r * pw + ox) * W); taps outside the conv's output
+// are skipped (padding as -inf), NaN propagates. Windows of 3 columns inside
+// the row are unrolled (a separate activation pass and the generic loop had
+// cost a third of SqueezeNet's stem).
+void pool_band(const Grouped& p, const Epilogue& ep, int64_t cy0, int64_t cy1, int64_t y0, int64_t y1,
+               const float* out, float* pooled) {
   const FusedPool& q = p.pool;
   ep.visit([&](auto act) {
-    for (int64_t i = 0; i < (cy1 - cy0) * p.owp; ++i) vstore(out + i * W, act(vload(out + i * W)));
-  });
-  for (int64_t y = y0; y < y1; ++y)
-    for (int64_t x = 0; x < p.pw; ++x) {
-      V m = vset1(-std::numeric_limits<float>::infinity());
-      for (int64_t cy = std::max(y * q.sh - q.pt, cy0); cy < std::min(y * q.sh - q.pt + q.kh, cy1); ++cy)
-        for (int64_t cx = std::max<int64_t>(x * q.sw - q.pl, 0); cx < std::min(x * q.sw - q.pl + q.kw, p.s.ow); ++cx)
-          m = vmax_nan(m, vload(out + ((cy - cy0) * p.owp + cx) * W));
-      vstore(pooled + ((y - y0) * p.pw + x) * W, m);
+    for (int64_t y = y0; y < y1; ++y) {
+      const int64_t top = std::max(y * q.sh - q.pt, cy0), bottom = std::min(y * q.sh - q.pt + q.kh, cy1);
+      for (int64_t x = 0; x < p.pw; ++x) {
+        const int64_t left = std::max<int64_t>(x * q.sw - q.pl, 0), right = std::min(x * q.sw - q.pl + q.kw, p.s.ow);
+        V m = vset1(-std::numeric_limits<float>::infinity());
+        for (int64_t cy = top; cy < bottom; ++cy) {
+          const float* row = out + ((cy - cy0) * p.owp + left) * W;
+          if (right - left == 3) {
+            m = vmax_nan(m, act(vload(row)));
+            m = vmax_nan(m, act(vload(row + W)));
+            m = vmax_nan(m, act(vload(row + 2 * W)));
+            continue;
+          }
+          for (int64_t i = 0; i < right - left; ++i) m = vmax_nan(m, act(vload(row + i * W)));
+        }
+        vstore(pooled + ((y - y0) * p.pw + x) * W, m);
+      }
     }
+  });
 }
 
 template <int NV, int GP, int KS>
