@@ -217,9 +217,10 @@ using RowsFn = void (*)(const Grouped&, const float*, int64_t, const float*, con
 // Conv rows [cy0, cy1) of one block in `out` ((r * owp + ox) * W, bias
 // included), activated as they are read, max-pooled into rows [y0, y1) of the
 // pooled plane at pooled ((r * pw + ox) * W); taps outside the conv's output
-// are skipped (padding as -inf), NaN propagates. Windows of 3 columns inside
-// the row are unrolled (a separate activation pass and the generic loop had
-// cost a third of SqueezeNet's stem).
+// are skipped (padding as -inf), NaN propagates. Whole 3x3 windows take the
+// maximum of each row's three, then of the rows, not one chain of nine (a
+// separate activation pass and that chain had cost a third of SqueezeNet's
+// stem).
 void pool_band(const Grouped& p, const Epilogue& ep, int64_t cy0, int64_t cy1, int64_t y0, int64_t y1,
                const float* out, float* pooled) {
   const FusedPool& q = p.pool;
@@ -228,16 +229,17 @@ void pool_band(const Grouped& p, const Epilogue& ep, int64_t cy0, int64_t cy1, i
       const int64_t top = std::max(y * q.sh - q.pt, cy0), bottom = std::min(y * q.sh - q.pt + q.kh, cy1);
       for (int64_t x = 0; x < p.pw; ++x) {
         const int64_t left = std::max<int64_t>(x * q.sw - q.pl, 0), right = std::min(x * q.sw - q.pl + q.kw, p.s.ow);
-        V m = vset1(-std::numeric_limits<float>::infinity());
-        for (int64_t cy = top; cy < bottom; ++cy) {
-          const float* row = out + ((cy - cy0) * p.owp + left) * W;
-          if (right - left == 3) {
-            m = vmax_nan(m, act(vload(row)));
-            m = vmax_nan(m, act(vload(row + W)));
-            m = vmax_nan(m, act(vload(row + 2 * W)));
-            continue;
-          }
-          for (int64_t i = 0; i < right - left; ++i) m = vmax_nan(m, act(vload(row + i * W)));
+        const float* row = out + ((top - cy0) * p.owp + left) * W;
+        const auto three = [&](const float* r) {
+          return vmax_nan(vmax_nan(act(vload(r)), act(vload(r + W))), act(vload(r + 2 * W)));
+        };
+        V m;
+        if (bottom - top == 3 && right - left == 3) {
+          m = vmax_nan(vmax_nan(three(row), three(row + p.owp * W)), three(row + 2 * p.owp * W));
+        } else {
+          m = vset1(-std::numeric_limits<float>::infinity());
+          for (int64_t cy = top; cy < bottom; ++cy, row += p.owp * W)
+            for (int64_t i = 0; i < right - left; ++i) m = vmax_nan(m, act(vload(row + i * W)));
         }
         vstore(pooled + ((y - y0) * p.pw + x) * W, m);
       }
