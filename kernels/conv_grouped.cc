@@ -60,6 +60,8 @@ struct Grouped {
   int64_t units;    // tasks' worth of blocks per group
   int b;            // output columns per register block
   int64_t owp;      // output row length rounded up to b
+  int64_t whole;    // output columns computed b at a time
+  int tail;         // the rest of the row, 4 or more columns, computed as one block (or 0)
   int64_t cols;     // padded input columns per buffer row
   int64_t band;     // conv output rows a task computes at most
   FusedPool pool;
@@ -105,6 +107,10 @@ Grouped make_grouped(const ConvShape& s, const FusedPool& pool, int gp, int thre
   p.units = ceil_div(p.blocks, p.nv);
   p.b = register_block(s.ow);
   p.owp = ceil_div(s.ow, p.b) * p.b;
+  // SqueezeNet's 13-wide rows as 7 + 6 columns, not 7 + 7
+  p.tail = (int)(s.ow % p.b);
+  if (p.tail < 4) p.tail = 0;
+  p.whole = p.tail ? s.ow - p.tail : p.owp;
   p.cols = std::max((p.owp - 1) * s.sw + (s.kw - 1) * s.dw + 1, s.pl + s.w);
   // Bands: input rows that stay in L2 (about 128 KB), balanced over the
   // workers (DenseNet's 3x3 convs to 32 channels, one task a band, had taken
@@ -167,8 +173,8 @@ void load_packed_rows(const Grouped& p, const float* x, int64_t oy0, int64_t oy1
 
 using LoadFn = void (*)(const Grouped&, const float*, int64_t, int64_t, int64_t, float*);
 
-// Output rows [0, rows) of the band from the buffer (`in_rows` rows a
-// channel) into out, NV blocks of W channels (block v's weights at wt + v *
+// Output rows [0, rows), columns [ox0, ox1) (B at a time), of the band from
+// the buffer (`in_rows` rows a channel) into out, NV blocks of W channels (block v's weights at wt + v *
 // K * W, its outputs at out + v * band * owp * W, as (r * owp + ox) * W),
 // with the bias; each broadcast input value feeds NV FMAs. With GP > 1 groups
 // a vector (NV = 1), each broadcast carries GP groups' input values, and the
@@ -177,12 +183,12 @@ using LoadFn = void (*)(const Grouped&, const float*, int64_t, int64_t, int64_t,
 // sixth of the time in loop control); KS = 0: any window.
 template <int B, int NV, int GP, int KS>
 void compute_rows(const Grouped& p, const float* buf, int64_t in_rows, const float* wt, const V* bias,
-                  int64_t rows, float* out) {
+                  int64_t rows, int64_t ox0, int64_t ox1, float* out) {
   const ConvShape& s = p.s;
   const int64_t kh = KS ? KS : s.kh, kw = KS ? KS : s.kw, dh = KS ? 1 : s.dh, dw = KS ? 1 : s.dw;
   const int64_t channel = in_rows * p.cols, k = s.cg * kh * kw, half = p.band * p.owp * W;
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t ox = 0; ox < p.owp; ox += B) {
+    for (int64_t ox = ox0; ox < ox1; ox += B) {
       V acc[NV][B];
       for (int v = 0; v < NV; ++v)
         for (int b = 0; b < B; ++b) acc[v][b] = vzero();
@@ -212,7 +218,8 @@ void compute_rows(const Grouped& p, const float* buf, int64_t in_rows, const flo
     }
 }
 
-using RowsFn = void (*)(const Grouped&, const float*, int64_t, const float*, const V*, int64_t, float*);
+using RowsFn = void (*)(const Grouped&, const float*, int64_t, const float*, const V*, int64_t, int64_t, int64_t,
+                        float*);
 
 // Conv rows [cy0, cy1) of one block in `out` ((r * owp + ox) * W, bias
 // included), activated as they are read, max-pooled into rows [y0, y1) of the
@@ -315,7 +322,10 @@ ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer
     return ffi::Error::Success();
   }
   const auto [load_packed, compute_packed] = pick_packed(s, gp, p.b);
-  const RowsFn compute_pair = pick_rows<2>(s, p.b), compute_one = gp > 1 ? compute_packed : pick_rows<1>(s, p.b);
+  // [blocks per task - 1][whole blocks, tail]
+  const RowsFn compute[2][2] = {
+      {gp > 1 ? compute_packed : pick_rows<1>(s, p.b), gp > 1 ? pick_packed(s, gp, p.tail).second : pick_rows<1>(s, p.tail)},
+      {pick_rows<2>(s, p.b), pick_rows<2>(s, p.tail)}};
   const float *xs = x.typed_data(), *ws = w.typed_data(), *bias = bias_of.data();
   const float* rs = has_residual ? res.typed_data() : nullptr;
   float* ys = conv_output(s, y, channel0);
@@ -357,7 +367,9 @@ ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer
       in = rows;
     }
     const float* wt = ws + (g * p.blocks + unit * p.nv) * taps * W;
-    (nv == 2 ? compute_pair : compute_one)(p, in, p.shared ? padded_rows : in_rows, wt, bv, oy1 - oy0, out);
+    const int64_t rows_in = p.shared ? padded_rows : in_rows;
+    compute[nv - 1][0](p, in, rows_in, wt, bv, oy1 - oy0, 0, p.whole, out);
+    if (p.tail) compute[nv - 1][1](p, in, rows_in, wt, bv, oy1 - oy0, p.whole, s.ow, out);
     for (int v = 0; v < nv; ++v) {
       const int64_t block = unit * p.nv + v, o0 = g * gp * s.og() + block * W, at = (n * s.o + o0) * plane;
       const int lanes = (int)std::min<int64_t>(W, channels - block * W);

@@ -188,7 +188,9 @@ def test_conv2d_large_blocks_match_reference(algorithm):
      ((3, 48, 12, 10), 8, 2),     # 16 groups: 48 GEMMs, one per (group, image); grouped: 2 a vector
      ((1, 64, 30, 9), 40, 1),     # 32 groups of 40: grouped's ragged second block, bands
      ((1, 64, 9, 8), 32, 2),      # 32 groups of 32: grouped's two blocks a task
-     ((2, 64, 11, 9), 48, 1)],    # batch 2, 32 groups of 48: grouped's input padded once for two tasks a group
+     ((2, 64, 11, 9), 48, 1),     # batch 2, 32 groups of 48: grouped's input padded once for two tasks a group
+     ((1, 64, 10, 13), 2, 1),     # grouped: 8 groups a vector, rows of 13 as 7 + 6 columns
+     ((1, 64, 8, 13), 16, 1)],    # grouped: one block a task, rows of 13 as 7 + 6 columns
 )
 def test_conv2d_many_groups_match_reference(algorithm, x_shape, og, stride):
     groups = 32 if x_shape[1] != 48 else 16
