@@ -86,7 +86,9 @@ struct Grouped {
 // neighbour included, the fewest bands on ties.
 int64_t balanced_bands(int64_t rows, int64_t most, int64_t overlap, int64_t per_band, int threads) {
   if (rows <= 0) return 0;
-  const auto load = [&](int64_t bands) { return ceil_div(per_band * bands, threads) * (ceil_div(rows, bands) + overlap); };
+  const auto load = [&](int64_t bands) {
+    return ceil_div(per_band * bands, threads) * (ceil_div(rows, bands) + overlap);
+  };
   int64_t bands = ceil_div(rows, std::max<int64_t>(most, 1));
   for (int64_t b = bands + 1; b <= rows; ++b)
     if (load(b) < load(bands)) bands = b;
@@ -174,9 +176,9 @@ void load_packed_rows(const Grouped& p, const float* x, int64_t oy0, int64_t oy1
 using LoadFn = void (*)(const Grouped&, const float*, int64_t, int64_t, int64_t, float*);
 
 // Output rows [0, rows), columns [ox0, ox1) (B at a time), of the band from
-// the buffer (`in_rows` rows a channel) into out, NV blocks of W channels (block v's weights at wt + v *
-// K * W, its outputs at out + v * band * owp * W, as (r * owp + ox) * W),
-// with the bias; each broadcast input value feeds NV FMAs. With GP > 1 groups
+// the buffer (`in_rows` rows a channel) into out, NV blocks of W channels
+// (block v's weights at wt + v * K * W, its outputs at out + v * band * owp *
+// W, as (r * owp + ox) * W), with the bias; each broadcast input value feeds NV FMAs. With GP > 1 groups
 // a vector (NV = 1), each broadcast carries GP groups' input values, and the
 // lanes are put in channel order before the bias. KS > 0: a KS x KS window
 // without dilation, its taps unrolled (a loop of 3 taps a row had cost a
@@ -321,11 +323,10 @@ ffi::Error ConvGrouped(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer
                         has_residual ? res.typed_data() : nullptr, conv_output(s, y, channel0));
     return ffi::Error::Success();
   }
-  const auto [load_packed, compute_packed] = pick_packed(s, gp, p.b);
-  // [blocks per task - 1][whole blocks, tail]
-  const RowsFn compute[2][2] = {
-      {gp > 1 ? compute_packed : pick_rows<1>(s, p.b), gp > 1 ? pick_packed(s, gp, p.tail).second : pick_rows<1>(s, p.tail)},
-      {pick_rows<2>(s, p.b), pick_rows<2>(s, p.tail)}};
+  const LoadFn load_packed = pick_packed(s, gp, p.b).first;
+  const auto one_block = [&](int b) { return gp > 1 ? pick_packed(s, gp, b).second : pick_rows<1>(s, b); };
+  // [blocks per task - 1][whole register blocks, the row's tail]
+  const RowsFn compute[2][2] = {{one_block(p.b), one_block(p.tail)}, {pick_rows<2>(s, p.b), pick_rows<2>(s, p.tail)}};
   const float *xs = x.typed_data(), *ws = w.typed_data(), *bias = bias_of.data();
   const float* rs = has_residual ? res.typed_data() : nullptr;
   float* ys = conv_output(s, y, channel0);
