@@ -38,6 +38,14 @@ int64_t k_block(int64_t k) {
 }
 constexpr int64_t kLineFloats = 64 / sizeof(float);  // a cache line
 constexpr int64_t NC_STRIPS = 8;       // most B strips per task
+// A row-major A (a dense layer's x) is read in place, not packed, when C has
+// at most this many B strips: packing pays off only over many. In ViT-B/16
+// (3 pairs of alternating processes, each call's time relative to the
+// unchanged 768 -> 3072 dense of the same run) 197 x 3072 -> 768 took
+// 0.97-1.01x where packed took 1.08-1.14x, attention's P V 0.070-0.081x
+// against 0.096-0.106x; 768 -> 768 level. Read in place for every width,
+// 768 -> 3072 and 768 -> 2304 were level to 3% slower.
+constexpr int64_t ROWS_IN_PLACE_STRIPS = 16;
 constexpr int64_t MC_STRIPS = 24;      // most A strips per task
 
 struct Tile {
@@ -107,9 +115,12 @@ inline void store_tile(V (&acc)[R][N], const Tile& t) {
   });
 }
 
+// How the micro-kernel finds A (see micro_kernel).
+enum ALayout { STRIPS, BLOCKED, ROWS, A_LAYOUTS };
+
 // acc = a_strip (kc x R, row r of k at a[k * a_step + r]: packed, a_step =
-// MR, or read in place; with BLOCKED, at a[k / W * a_step + r * W + k % W])
-// times b_strip (kc x NR), for the first R
+// MR, or read in place; BLOCKED, at a[k / W * a_step + r * W + k % W]; ROWS,
+// a row-major A read in place, at a[r * a_step + k]) times b_strip (kc x NR), for the first R
 // rows and N vectors of columns only (a tile at the edge of C computes just
 // what it keeps: the last 4 of 196 columns take one vector, not four), stored
 // into the tile; meanwhile `next_len` floats of packed weights read next (at
@@ -120,7 +131,7 @@ inline void store_tile(V (&acc)[R][N], const Tile& t) {
 // ms (ORT 0.22); whole models in alternating processes, median: ResNet-50
 // 19.1 against 19.5 ms, DenseNet-121 15.0 against 15.4, EfficientNet-B0 3.51
 // against 3.62.
-template <int R, int N, bool BLOCKED>
+template <int R, int N, int LAYOUT>
 void micro_kernel(int64_t kc, const float* __restrict a, int64_t a_step, const float* __restrict b, int64_t bk,
                   const float* next, int64_t next_len, const Tile& t) {
   V acc[R][N];
@@ -135,10 +146,10 @@ void micro_kernel(int64_t kc, const float* __restrict a, int64_t a_step, const f
     V bv[N];
 #pragma GCC unroll 4
     for (int v = 0; v < N; ++v) bv[v] = vload(b + v * W);
-    const float* ak = BLOCKED ? a + p / W * a_step + p % W : a + p * a_step;
+    const float* ak = LAYOUT == BLOCKED ? a + p / W * a_step + p % W : LAYOUT == ROWS ? a + p : a + p * a_step;
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      const V ar = vset1(ak[BLOCKED ? r * W : r]);
+      const V ar = vset1(ak[LAYOUT == BLOCKED ? r * W : LAYOUT == ROWS ? r * a_step : r]);
 #pragma GCC unroll 4
       for (int v = 0; v < N; ++v) acc[r][v] = vfma(ar, bv[v], acc[r][v]);
     }
@@ -146,28 +157,32 @@ void micro_kernel(int64_t kc, const float* __restrict a, int64_t a_step, const f
   store_tile<R, N>(acc, t);
 }
 
-// KERNELS<MR, NV>[blocked][rows - 1][vectors - 1]: the micro-kernel for a
+// KERNELS<MR, NV>[layout][rows - 1][vectors - 1]: the micro-kernel for a
 // tile of that many rows and vectors of columns of the MR x NV register
-// tile, A packed or blocked.
+// tile, A in that ALayout.
 using MicroKernel = void (*)(int64_t, const float*, int64_t, const float*, int64_t, const float*, int64_t,
                              const Tile&);
 template <int MR, int NV>
 using KernelTable = std::array<std::array<MicroKernel, NV>, MR>;
 
-template <bool B, int NV, int R, int... N>
+template <int L, int NV, int R, int... N>
 constexpr std::array<MicroKernel, NV> row_kernels(std::integer_sequence<int, N...>) {
-  return {&micro_kernel<R, N + 1, B>...};
+  return {&micro_kernel<R, N + 1, L>...};
 }
 
-template <bool B, int MR, int NV, int... R>
+template <int L, int MR, int NV, int... R>
 constexpr KernelTable<MR, NV> kernel_table(std::integer_sequence<int, R...>) {
-  return {row_kernels<B, NV, R + 1>(std::make_integer_sequence<int, NV>{})...};
+  return {row_kernels<L, NV, R + 1>(std::make_integer_sequence<int, NV>{})...};
+}
+
+template <int MR, int NV, int... L>
+constexpr std::array<KernelTable<MR, NV>, A_LAYOUTS> layout_tables(std::integer_sequence<int, L...>) {
+  return {kernel_table<L, MR, NV>(std::make_integer_sequence<int, MR>{})...};
 }
 
 template <int MR, int NV>
-constexpr KernelTable<MR, NV> KERNELS[2] = {
-    kernel_table<false, MR, NV>(std::make_integer_sequence<int, MR>{}),
-    kernel_table<true, MR, NV>(std::make_integer_sequence<int, MR>{})};
+constexpr std::array<KernelTable<MR, NV>, A_LAYOUTS> KERNELS =
+    layout_tables<MR, NV>(std::make_integer_sequence<int, A_LAYOUTS>{});
 
 // How C is cut into tasks of up to MC_STRIPS x NC_STRIPS micro-tiles: the
 // cut with the shortest makespan on `workers` threads, counting a task's tiles
@@ -327,7 +342,9 @@ void gemm_on(Runner& runner, int64_t m, int64_t n, int64_t k, const Operand& a, 
   const bool a_packed = a.packed(0, 0, &a_stride) != nullptr;
   const bool a_blocked = !a_packed && a.blocked(0, 0, &a_step) != nullptr;
   const bool a_direct = !a_packed && !a_blocked && a.direct(0, 0, &a_step) != nullptr;
-  if (!a_packed && !a_blocked && !a_direct) {
+  const bool a_rows = !a_packed && !a_blocked && !a_direct && strips_n <= ROWS_IN_PLACE_STRIPS &&
+                      a.rows(0, 0, &a_step) != nullptr;
+  if (!a_packed && !a_blocked && !a_direct && !a_rows) {
     a_buffer = runner.shared_scratch(2, strips_m * MR * k);
     runner.run(strips_m, [&](int64_t s, int) {
       for (int64_t k0 = 0; k0 < k; k0 += KC) {
@@ -342,6 +359,7 @@ void gemm_on(Runner& runner, int64_t m, int64_t n, int64_t k, const Operand& a, 
     if (a_packed) return a.packed(k0, s * MR, &stride);
     if (a_blocked) return a.blocked(k0, s * MR, &stride);
     if (a_direct) return a.direct(k0, s * MR, &stride);
+    if (a_rows) return a.rows(k0, s * MR, &stride);
     return a_buffer + k0 * strips_m * MR + s * kc * MR;
   };
 
@@ -404,7 +422,7 @@ void gemm_on(Runner& runner, int64_t m, int64_t n, int64_t k, const Operand& a, 
           // Otherwise, pre-packed A (weights in channel rows) on its first
           // pass: the next A strip.
           if (ahead == nullptr && a_packed && j == 0 && s + 1 < s1) ahead = a_strip(k0, kc, s + 1), ahead_len = kc * MR;
-          KERNELS<MR, NV>[a_blocked][rows - 1][ceil_div(cols, W) - 1](kc, a_strip(k0, kc, s), a_step, bj, bj_k,
+          KERNELS<MR, NV>[a_blocked ? BLOCKED : a_rows ? ROWS : STRIPS][rows - 1][ceil_div(cols, W) - 1](kc, a_strip(k0, kc, s), a_step, bj, bj_k,
                                                               ahead, ahead_len, t);
         }
       }

@@ -47,6 +47,9 @@ struct Operand {
   // i0 + q, k0 + kk (k0 a multiple of W, as every K block's start) at
   // p[kk / W * *block_stride + q * W + kk % W]; others return null.
   virtual const float* blocked(int64_t k0, int64_t i0, int64_t* block_stride) const { return nullptr; }
+  // An A the micro-kernel reads in place row by row: row i0 + q, k0 + kk at
+  // p[q * *lda + kk]; others return null.
+  virtual const float* rows(int64_t k0, int64_t i0, int64_t* lda) const { return nullptr; }
 };
 
 // Row i is a[i * lda + k]: A row-major, or B given as (N, K) (x @ w.T).
@@ -55,6 +58,10 @@ struct Rows final : Operand {
   int64_t lda;
   Rows(const float* a, int64_t lda) : a(a), lda(lda) {}
   void pack(int64_t k0, int64_t kc, int64_t i0, int64_t count, int r, float* dst) const override;
+  const float* rows(int64_t k0, int64_t i0, int64_t* lda_out) const override {
+    *lda_out = lda;
+    return a + i0 * lda + k0;
+  }
 };
 
 // Row i is column i of a row-major K x N matrix: b[k * ldb + i].

@@ -286,6 +286,18 @@ def test_dense_large_blocks_match_reference(m, traced, transpose_w):
     np.testing.assert_allclose(got, kernels.dense_reference(x, w, **kw), rtol=1e-4, atol=5e-4)
 
 
+# The GEMM reads a row-major x in place when C has at most 16 strips of
+# columns (1024 with AVX-512) and packs it for more: both sides of that line,
+# over two K blocks, with a residual.
+@pytest.mark.parametrize("n", [1024, 1088])
+def test_dense_reads_or_packs_x_by_the_width_of_its_output(n):
+    rng = np.random.default_rng(4)
+    x, w, b = _normal(rng, (23, 1100)), _normal(rng, (n, 1100)), _normal(rng, n)
+    kw = dict(activation="relu", transpose_w=True, residual=_normal(rng, (23, n)))
+    np.testing.assert_allclose(kernels.dense(x, w, b, **kw), kernels.dense_reference(x, w, b, **kw),
+                               rtol=1e-4, atol=1e-3)
+
+
 # Rows of (N, K) weights of 1024 floats and more take the matrix-vector path
 # that prefetches along each row; K not a multiple of the vector width, and a
 # batch of rows, so the last partial vector and the prefetch's end are covered.
