@@ -1,5 +1,6 @@
 // GEMM in the BLIS arrangement: A in MR-row strips per K block (packed once
-// up front, or pre-packed); C split into tasks of (M chunk x NC columns), each
+// up front, pre-packed, or read in place: channel-blocked, column-major, or a
+// row-major x when C is narrow, see ROWS_IN_PLACE_STRIPS); C split into tasks of (M chunk x NC columns), each
 // of which takes its KC x NC slice of B per K block (packed into an
 // L2-resident buffer, pre-packed, or read in place where B's rows are
 // contiguous: x of a 1x1 conv, 1.02-1.27x faster than packing it, most with
@@ -344,6 +345,7 @@ void gemm_on(Runner& runner, int64_t m, int64_t n, int64_t k, const Operand& a, 
   const bool a_direct = !a_packed && !a_blocked && a.direct(0, 0, &a_step) != nullptr;
   const bool a_rows = !a_packed && !a_blocked && !a_direct && strips_n <= ROWS_IN_PLACE_STRIPS &&
                       a.rows(0, 0, &a_step) != nullptr;
+  const ALayout a_layout = a_blocked ? BLOCKED : a_rows ? ROWS : STRIPS;
   if (!a_packed && !a_blocked && !a_direct && !a_rows) {
     a_buffer = runner.shared_scratch(2, strips_m * MR * k);
     runner.run(strips_m, [&](int64_t s, int) {
@@ -422,8 +424,8 @@ void gemm_on(Runner& runner, int64_t m, int64_t n, int64_t k, const Operand& a, 
           // Otherwise, pre-packed A (weights in channel rows) on its first
           // pass: the next A strip.
           if (ahead == nullptr && a_packed && j == 0 && s + 1 < s1) ahead = a_strip(k0, kc, s + 1), ahead_len = kc * MR;
-          KERNELS<MR, NV>[a_blocked ? BLOCKED : a_rows ? ROWS : STRIPS][rows - 1][ceil_div(cols, W) - 1](kc, a_strip(k0, kc, s), a_step, bj, bj_k,
-                                                              ahead, ahead_len, t);
+          KERNELS<MR, NV>[a_layout][rows - 1][ceil_div(cols, W) - 1](kc, a_strip(k0, kc, s), a_step, bj, bj_k,
+                                                                     ahead, ahead_len, t);
         }
       }
     }
