@@ -1,13 +1,13 @@
-// GEMM in the BLIS arrangement: A in MR-row strips per K block (packed once
-// up front, pre-packed, or read in place: channel-blocked, column-major, or a
-// row-major x when C is narrow, see ROWS_IN_PLACE_STRIPS); C split into tasks of (M chunk x NC columns), each
-// of which takes its KC x NC slice of B per K block (packed into an
-// L2-resident buffer, pre-packed, or read in place where B's rows are
-// contiguous: x of a 1x1 conv, 1.02-1.27x faster than packing it, most with
-// few channels) and sweeps MR x NR micro-tiles whose
-// accumulators live in registers. Bias and activation are applied when the
-// last K block is stored; a transposed C is accumulated in a per-task buffer
-// and written out with its epilogue at the end.
+// GEMM in the BLIS arrangement: A in MR-row strips per K block (packed once up
+// front, pre-packed, or read in place: channel-blocked, column-major, or a
+// row-major x when C is narrow, see ROWS_IN_PLACE_STRIPS); C split into tasks
+// of (M chunk x NC columns), each of which takes its KC x NC slice of B per K
+// block (packed into an L2-resident buffer, pre-packed, or read in place where
+// B's rows are contiguous: x of a 1x1 conv, 1.02-1.27x faster than packing it,
+// most with few channels) and sweeps MR x NR micro-tiles whose accumulators
+// live in registers. Bias and activation are applied when the last K block is
+// stored; a transposed C is accumulated in a per-task buffer and written out
+// with its epilogue at the end.
 #include "gemm.h"
 
 #include <array>
@@ -119,19 +119,19 @@ inline void store_tile(V (&acc)[R][N], const Tile& t) {
 // How the micro-kernel finds A (see micro_kernel).
 enum ALayout { STRIPS, BLOCKED, ROWS, A_LAYOUTS };
 
-// acc = a_strip (kc x R, row r of k at a[k * a_step + r]: packed, a_step =
-// MR, or read in place; BLOCKED, at a[k / W * a_step + r * W + k % W]; ROWS,
-// a row-major A read in place, at a[r * a_step + k]) times b_strip (kc x NR), for the first R
-// rows and N vectors of columns only (a tile at the edge of C computes just
-// what it keeps: the last 4 of 196 columns take one vector, not four), stored
-// into the tile; meanwhile `next_len` floats of packed weights read next (at
-// `next`, or null: part of the next B strip, or in channel rows the next A
-// strip) are fetched into L2, spread evenly over the kc steps, so that weights
-// streaming from memory arrive early. Channel rows' A prefetch, cold caches
-// between calls, alone: ResNet-50's 256->1024 at 14x14 0.24 against 0.26-0.30
-// ms (ORT 0.22); whole models in alternating processes, median: ResNet-50
-// 19.1 against 19.5 ms, DenseNet-121 15.0 against 15.4, EfficientNet-B0 3.51
-// against 3.62.
+// acc = a_strip (kc x R, row r of k at a[k * a_step + r]: packed, a_step = MR,
+// or read in place; BLOCKED, at a[k / W * a_step + r * W + k % W]; ROWS, a
+// row-major A read in place, at a[r * a_step + k]) times b_strip (kc x NR), for
+// the first R rows and N vectors of columns only (a tile at the edge of C
+// computes just what it keeps: the last 4 of 196 columns take one vector, not
+// four), stored into the tile; meanwhile `next_len` floats of packed weights
+// read next (at `next`, or null: part of the next B strip, or in channel rows
+// the next A strip) are fetched into L2, spread evenly over the kc steps, so
+// that weights streaming from memory arrive early. Channel rows' A prefetch,
+// cold caches between calls, alone: ResNet-50's 256->1024 at 14x14 0.24 against
+// 0.26-0.30 ms (ORT 0.22); whole models in alternating processes, median:
+// ResNet-50 19.1 against 19.5 ms, DenseNet-121 15.0 against 15.4,
+// EfficientNet-B0 3.51 against 3.62.
 template <int R, int N, int LAYOUT>
 void micro_kernel(int64_t kc, const float* __restrict a, int64_t a_step, const float* __restrict b, int64_t bk,
                   const float* next, int64_t next_len, const Tile& t) {
