@@ -553,13 +553,6 @@ def register_conv_algorithm(name: str, target: str, symbol: str,
                                            nchwc)
 
 
-def _subsamples_first(algorithm: str, x_shape, w_shape, config: dict, x_layout: str) -> bool:
-    """Whether `conv2d` runs this "smm" layer on `x[:, :, ::sh, ::sw]` at stride 1:
-    a 1x1 window, a stride, no padding, NCHW x of four dimensions."""
-    return (algorithm == "smm" and x_layout == "NCHW" and len(x_shape) == 4 and tuple(w_shape[2:]) == (1, 1)
-            and config["stride"] != (1, 1) and not any(p for pair in config["padding"] for p in pair))
-
-
 def conv2d_writes_into(algorithm: str) -> bool:
     """Whether `conv2d(algorithm=...)` takes `into=` (writes into a concatenation's buffer)."""
     return algorithm in _CONV_ALGORITHMS and _CONV_ALGORITHMS[algorithm].residual
@@ -727,10 +720,12 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
     concatenation that later parts extend is read from their shared buffer
     without a copy. "smm" only.
 
-    On "smm", a 1x1 unpadded conv with a stride over an NCHW x reads the
-    pixels it uses, `x[:, :, ::sh, ::sw]`, from a strided slice first, then
-    runs at stride 1 (ResNet's downsampling convs, alone: 512->1024 from
-    28x28 0.48 against 0.68 ms, 256->512 from 56x56 0.44 against 0.56).
+    On "smm", a 1x1 unpadded conv with a stride over an NCHW x copies the
+    pixels it uses, `x[:, :, ::sh, ::sw]`, inside its call, then runs at
+    stride 1 on the copy (ResNet's downsampling convs, alone: 512->1024 from
+    28x28 0.48 against 0.68 ms, 256->512 from 56x56 0.44 against 0.56 with
+    XLA's strided slice; inside ResNet-50 that slice then took 19-131 us a
+    conv, in the gap between two kernel calls).
 
     `x_layout="NCHWc"` takes x channel-blocked (see `to_nchwc`) and
     `y_layout="NCHWc"` returns y so (a residual then comes in y's layout), so
@@ -745,11 +740,6 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
     _require_float32("conv2d", x=x, w=w, b=b, residual=residual)
     config = dict(stride=tuple(int(s) for s in stride), padding=_padding(padding),
                   dilation=tuple(int(d) for d in dilation), groups=int(groups))
-    if _subsamples_first(algorithm, jnp.shape(x), jnp.shape(w), config, x_layout):
-        (sh, sw), config["stride"] = config["stride"], (1, 1)
-        return conv2d(x[:, :, ::sh, ::sw], w, b, algorithm=algorithm, **config, activation=activation, alpha=alpha,
-                      beta=beta, clip=clip, residual=residual, into=into, max_pool=max_pool, prologue=prologue,
-                      reads_prefix=reads_prefix, x_layout=x_layout, y_layout=y_layout)
     layouts = _layouts(x_layout, y_layout)
     x_nchwc, y_nchwc = (layout == "NCHWc" for layout in layouts)
     if (x_nchwc or y_nchwc) and (into is not None or max_pool is not None or reads_prefix) or (

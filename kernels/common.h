@@ -257,6 +257,13 @@ inline float vfold_lanes(V x, Op op) {
 #endif
 }
 
+// dst[e] = src[e * stride] for e < count.
+inline void copy_strided(float* dst, const float* src, int64_t count, int64_t stride) {
+  int64_t e = 0;
+  for (; e + W <= count; e += W) vstore(dst + e, vload_strided(src + e * stride, stride));
+  for (; e < count; ++e) dst[e] = src[e * stride];
+}
+
 // The sum of x's lanes.
 inline float vsum_lanes(V x) { return vfold_lanes(x, vadd); }
 

@@ -10,8 +10,9 @@
 //   pixels would fill few lanes.
 // The im2col matrix is never materialised: its operand gathers it straight
 // into packed strips. A 1x1, stride-1, unpadded conv in channel rows needs no
-// gathering at all: x itself is the B matrix, read in place, unless it has a
-// prologue (the "shift", "scale" and "bias" buffers, each one value per input
+// gathering at all (a strided one copies the pixels it reads first, then runs
+// at stride 1 on the copy): x itself is the B matrix, read in place, unless it
+// has a prologue (the "shift", "scale" and "bias" buffers, each one value per input
 // channel, one for all or none: see ChannelValues; and the
 // "prologue_activation" attribute): then each value is packed as
 // act((x - shift) * scale + bias), the folded batch norm and ReLU that
@@ -145,9 +146,7 @@ struct Im2col final : Operand {
           for (; e + W <= hi; e += W) vstore(out + e, vload(in + e));
           if (e < hi) vstore_partial(out + e, vload_partial(in + e, int(hi - e)), int(hi - e));
         } else {
-          int64_t e = lo;
-          for (; e + W <= hi; e += W) vstore(out + e, vload_strided(in + e * s.sw, s.sw));
-          for (; e < hi; ++e) out[e] = in[e * s.sw];
+          copy_strided(out + lo, in + lo * s.sw, hi - lo, s.sw);
         }
         std::fill(out + hi, out + run.len, 0.0f);
       }
@@ -219,10 +218,24 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, 
   const bool has_residual = res.element_count() > 0;
   if (has_residual && (int64_t)res.element_count() != (y_nchwc ? (int64_t)y->element_count() : conv_output_size(s)))
     return ffi::Error::InvalidArgument("jtile smm: the residual must be empty or have the output's shape");
-  const bool pointwise = s.kh == 1 && s.kw == 1 && s.sh == 1 && s.sw == 1 &&
-                         s.pt == 0 && s.pb == 0 && s.pl == 0 && s.pr == 0;
   const ChannelValues shift(x_shift, 0.0f), scale(x_scale, 1.0f), offset(x_bias, 0.0f);
   const bool has_prologue = shift.given() || scale.given() || offset.given() || prologue_activation != 0;
+  const bool unpadded_1x1 = s.kh == 1 && s.kw == 1 && s.pt == 0 && s.pb == 0 && s.pl == 0 && s.pr == 0;
+  const float* xs = x.typed_data();
+  // A strided 1x1 conv reads every sh-th row and sw-th column of x: those
+  // pixels are copied once, by all workers, and the conv runs at stride 1 on
+  // the copy, which the GEMM reads in place.
+  Scratch subsampled;
+  if (unpadded_1x1 && (s.sh > 1 || s.sw > 1) && !x_nchwc && !has_prologue) {
+    subsampled = Scratch(s.n * s.c * s.oh * s.ow, false);
+    parallel_for(pool, s.n * s.c, [&](int64_t plane) {
+      for (int64_t oy = 0; oy < s.oh; ++oy)
+        copy_strided(&subsampled[(plane * s.oh + oy) * s.ow], xs + (plane * s.h + oy * s.sh) * s.w, s.ow, s.sw);
+    });
+    xs = subsampled.get();
+    s.h = s.oh, s.w = s.ow, s.sh = s.sw = 1;
+  }
+  const bool pointwise = unpadded_1x1 && s.sh == 1 && s.sw == 1;
   Epilogue prologue_act;
   if (auto e = make_epilogue(prologue_activation, 0.0f, 0.0f, 6.0f, &prologue_act); e.failure()) return e;
   if (has_prologue && (!pointwise || (pixel_rows && s.n != 1) || s.groups != 1 ||
@@ -252,22 +265,22 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, 
       GemmOutput out = y_nchwc ? GemmOutput{yg, W, nullptr, bias, ep, rg, 0, 0, pixels * W}
                                : GemmOutput{yg, pixels, nullptr, bias, ep, rg, pixels, s.o * pixels};
       if (x_nchwc)
-        gemm(pool, pixels, og, taps, NchwcRows(x.typed_data(), pixels), wg, out, serial);
+        gemm(pool, pixels, og, taps, NchwcRows(xs, pixels), wg, out, serial);
       else if (has_prologue) {  // x with the prologue, a channel a task, then read in place
         // (MobileNetV3's squeeze-excitation scales before its 960->160 at 7x7:
         // 88 us in the model with the prologue packed into A's strips, 51 so)
-        const PrologueColumns prologue(x.typed_data(), pixels, shift, scale, offset, prologue_act);
+        const PrologueColumns prologue(xs, pixels, shift, scale, offset, prologue_act);
         Scratch applied(s.c * pixels, false);
         parallel_for(pool, s.c, [&](int64_t q) { prologue.apply(q, 0, pixels, &applied[q * pixels]); });
         gemm(pool, pixels, og, taps, Columns(&applied[0], pixels), wg, out, serial);
       }
       else if (pointwise && s.n == 1)  // x's channel rows are A's columns: read in place
-        gemm(pool, pixels, og, taps, Columns(x.typed_data() + g * s.cg * pixels, pixels), wg, out, serial);
+        gemm(pool, pixels, og, taps, Columns(xs + g * s.cg * pixels, pixels), wg, out, serial);
       else
-        gemm(pool, s.n * pixels, og, taps, Im2col(s, x.typed_data() + g * s.cg * s.h * s.w), wg, out, serial);
+        gemm(pool, s.n * pixels, og, taps, Im2col(s, xs + g * s.cg * s.h * s.w), wg, out, serial);
       return;
     }
-    const float* xg = x.typed_data() + (n * s.c + g * s.cg) * s.h * s.w;
+    const float* xg = xs + (n * s.c + g * s.cg) * s.h * s.w;
     GemmOutput out{yg + n * s.o * pixels, pixels, bias, nullptr, ep, rg ? rg + n * s.o * pixels : nullptr};
     if (has_prologue)
       gemm(pool, og, pixels, taps, wg,
