@@ -711,8 +711,8 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
     for all channels) or None (an identity), convolves `activation((x - shift) * scale + bias)` (a folded
     batch norm and its ReLU, or a squeeze-excitation's scale, per input
     channel; activation None, "relu" or "relu6") instead of `x`, applied as
-    the kernel packs x: "smm" on 1x1, stride-1, unpadded convs of one group
-    only, of one image where the layer runs in pixel rows (see
+    the kernel packs x: "smm" on 1x1 unpadded convs of one group (a strided
+    one on the pixels it reads) only, of one image where the layer runs in pixel rows (see
     `conv2d_prologue_support`).
 
     `reads_prefix=True` lets `x`, of one image, hold more channels than the
@@ -1009,9 +1009,10 @@ def _smm_prepare(spec: ConvSpec, w: jax.Array) -> tuple[jax.Array, dict]:
 
 register_conv_algorithm("direct", "jtile_conv_direct", "JtileConvDirect", _any_conv)
 def _smm_prologue(spec: ConvSpec) -> str | None:
-    pointwise = spec.w_shape[2:] == (1, 1) and spec.stride == (1, 1) and spec.padding == ((0, 0), (0, 0))
+    """A 1x1 unpadded conv (a strided one on the pixels it copies first)."""
+    pointwise = spec.w_shape[2:] == (1, 1) and spec.padding == ((0, 0), (0, 0))
     if not pointwise or spec.groups != 1:
-        return ("a prologue is applied to a 1x1, stride-1, unpadded conv of one group only (x packed as it is "
+        return ("a prologue is applied to a 1x1 unpadded conv of one group only (x packed as it is "
                 f"read), this layer has a {spec.w_shape[2:]} window, stride {spec.stride}, padding "
                 f"{spec.padding} and {spec.groups} group(s)")
     if smm_pixel_rows(spec) and spec.x_shape[0] != 1:

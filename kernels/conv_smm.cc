@@ -224,9 +224,9 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, 
   const float* xs = x.typed_data();
   // A strided 1x1 conv reads every sh-th row and sw-th column of x: those
   // pixels are copied once, by all workers, and the conv runs at stride 1 on
-  // the copy, which the GEMM reads in place.
+  // the copy, which the GEMM reads in place (or a prologue packs).
   Scratch subsampled;
-  if (unpadded_1x1 && (s.sh > 1 || s.sw > 1) && !x_nchwc && !has_prologue) {
+  if (unpadded_1x1 && (s.sh > 1 || s.sw > 1) && !x_nchwc) {
     subsampled = Scratch(s.n * s.c * s.oh * s.ow, false);
     parallel_for(pool, s.n * s.c, [&](int64_t plane) {
       for (int64_t oy = 0; oy < s.oh; ++oy)

@@ -872,6 +872,23 @@ def test_pointwise_conv_applies_its_prologue(n, c, o, size, activation, sizes):
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=3e-4)
 
 
+@pytest.mark.parametrize("c, o, size, stride, pixel_rows", [
+    (40, 24, 28, (2, 2), False),    # channel rows
+    (1152, 200, 10, (2, 2), True),  # pixel rows: 25 output pixels
+    (24, 16, 9, (3, 2), False),
+])
+def test_strided_pointwise_conv_applies_its_prologue_to_the_pixels_it_reads(c, o, size, stride, pixel_rows):
+    """A strided 1x1 conv copies the pixels it reads, then packs them with the prologue."""
+    rng = np.random.default_rng(7)
+    x, w = _normal(rng, (1, c, size, size)), _normal(rng, (o, c, 1, 1))
+    values = [_normal(rng, c) for _ in range(3)]
+    conv = lambda x: kernels.conv2d(x, w, algorithm="smm", stride=stride, prologue=(*values, "relu"))  # noqa: E731
+    (call,) = [e for e in iter_eqns(jax.make_jaxpr(conv)(x).jaxpr) if e.primitive.name == "ffi_call"]
+    assert int(dict(call.params["attributes"])["pixel_rows"]) == pixel_rows
+    want = kernels.conv2d_reference(_prologue_reference(x, *values, "relu"), w, stride=stride)
+    np.testing.assert_allclose(np.asarray(conv(x)), want, rtol=1e-4, atol=3e-4)
+
+
 # A conv that reads the first channels of a larger x (a concatenation's buffer
 # that later parts extend, as in DenseNet's dense blocks).
 @pytest.mark.parametrize("c, extra, o, size, window, groups, prologue", [
