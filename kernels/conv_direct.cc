@@ -104,9 +104,9 @@ ffi::Error ConvDirect(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer 
         const int64_t first = phase - s.pl;  // the input column dst[0] holds
         int64_t k = 0;
         for (; k < d.pitch && first + k * s.sw < 0; ++k) dst[k] = 0.0f;
-        for (; k + W <= d.pitch && first + (k + W - 1) * s.sw < s.w; k += W)
-          vstore(dst + k, vload_strided(src + first + k * s.sw, s.sw));
-        for (; k < d.pitch && first + k * s.sw < s.w; ++k) dst[k] = src[first + k * s.sw];
+        const int64_t end = std::clamp<int64_t>(ceil_div(s.w - first, s.sw), k, d.pitch);  // past the last input
+        copy_strided(dst + k, src + first + k * s.sw, end - k, s.sw);
+        k = end;
         std::memset(dst + k, 0, (d.pitch - k) * sizeof(float));
       }
     }
