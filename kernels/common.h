@@ -558,6 +558,17 @@ struct Epilogue {
     }
   }
 
+  // Identity, ReLU and clip as one clamp to [*lo_out, *hi_out], with the
+  // bits of their own paths (a NaN stays: vclamp_lo and vclamp_hi return x
+  // when a comparison with it fails); false for the other kinds.
+  bool as_clamp(float* lo_out, float* hi_out) const {
+    constexpr float inf = std::numeric_limits<float>::infinity();
+    if (kind != kIdentity && kind != kRelu && kind != kClip) return false;
+    *lo_out = kind == kIdentity ? -inf : kind == kRelu ? 0.0f : lo;
+    *hi_out = kind == kClip ? hi : inf;
+    return true;
+  }
+
   // f(act) with act a callable V -> V equal to (*this) on vectors, resolved
   // at compile time for the common kinds, so that a loop over a tile does not
   // branch on the kind at every vector.
