@@ -118,13 +118,14 @@ void expand_band(const Blocked& p, const float* x, const Expansion& e, const flo
 }
 
 // B output columns from the buffer position `in` (row oy * sh, column ox0 *
-// sw of the band of c = 0) into out (B vectors), with the bias; taps in the
-// order c, ky, kx.
+// sw of the band of c = 0) into out (B vectors), with the bias and clamped to
+// [lo, hi] (an activation that is one, or none: -inf and inf keep every
+// value's bits); taps in the order c, ky, kx.
 // KW > 0: a KW-wide kernel at column stride S and dilation 1, unrolled so
 // that each input vector is loaded once for every output it feeds; KW == 0:
 // any width, stride and dilation.
 template <int KW, int S, int B>
-inline void out_block(const Blocked& p, const float* in, const float* wt, V bias, float* out) {
+inline void out_block(const Blocked& p, const float* in, const float* wt, V bias, float lo, float hi, float* out) {
   const ConvShape& s = p.s;
   V acc[B];
   for (int b = 0; b < B; ++b) acc[b] = vzero();
@@ -151,18 +152,20 @@ inline void out_block(const Blocked& p, const float* in, const float* wt, V bias
       }
     }
   }
-  for (int b = 0; b < B; ++b) vstore(out + b * W, vadd(acc[b], bias));
+  for (int b = 0; b < B; ++b) vstore(out + b * W, vclamp_hi(vclamp_lo(vadd(acc[b], bias), lo), hi));
 }
 
 template <int KW, int S, int B>
-void compute_band(const Blocked& p, const float* buf, const float* wt, V bias, int64_t rows, float* out) {
+// `rows` output rows of a band, row r's ox at out[r * ldo + ox * W].
+void compute_band(const Blocked& p, const float* buf, const float* wt, V bias, float lo, float hi, int64_t rows,
+                  float* out, int64_t ldo) {
   const int64_t row_step = p.s.sh * p.cols * W;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t ox = 0; ox < p.owp; ox += B)
-      out_block<KW, S, B>(p, buf + r * row_step + ox * p.s.sw * W, wt, bias, out + (r * p.owp + ox) * W);
+      out_block<KW, S, B>(p, buf + r * row_step + ox * p.s.sw * W, wt, bias, lo, hi, out + r * ldo + ox * W);
 }
 
-using BandFn = void (*)(const Blocked&, const float*, const float*, V, int64_t, float*);
+using BandFn = void (*)(const Blocked&, const float*, const float*, V, float, float, int64_t, float*, int64_t);
 
 template <int KW, int S>
 BandFn pick_b(int b) {
@@ -244,6 +247,12 @@ void conv_channel_blocks(ffi::ThreadPool& pool, const ConvShape& s, const float*
   const Blocked p = make_blocked(s, workers(pool));
   const BandFn compute = pick(p);
   const int64_t taps = s.kh * s.kw, k = s.cg * taps;
+  // An NCHWc y whose rows are whole register blocks, under no residual and no
+  // activation or a clamp, is written straight from the registers, not
+  // through a band of `out` and a pass over it (MobileNetV2's 576-channel 3x3
+  // at 14x14 17.3 against 21.5 us a call, 384-channel 12.8 against 15.6).
+  float lo = -std::numeric_limits<float>::infinity(), hi = std::numeric_limits<float>::infinity();
+  const bool direct = layouts.y && p.owp == s.ow && residual == nullptr && ep.as_clamp(&lo, &hi);
   // Per worker: the input band (zeroed when first taken: its padding columns
   // are never written), the output band, the block's weights, its expansion weights.
   Workspace scratch(pool, 4);
@@ -251,7 +260,7 @@ void conv_channel_blocks(ffi::ThreadPool& pool, const ConvShape& s, const float*
   parallel_for(pool, s.n * p.blocks * p.bands, [&](int64_t task, int worker) {
     const int64_t band = task % p.bands, block = task / p.bands % p.blocks, n = task / p.bands / p.blocks;
     float* in = scratch.get(worker, 0, p.in_floats(), fresh[worker]);
-    float* out = scratch.get(worker, 1, p.out_floats());
+    float* out = direct ? nullptr : scratch.get(worker, 1, p.out_floats());
     float* wt = scratch.get(worker, 2, k * W);
     fresh[worker] = 0;
     const int64_t o0 = block * W, lanes = std::min<int64_t>(W, s.o - o0);
@@ -268,8 +277,10 @@ void conv_channel_blocks(ffi::ThreadPool& pool, const ConvShape& s, const float*
       for (int64_t c = 0; c < s.cg; ++c)
         load_band(p, xs + n * x_channels * s.h * s.w, o0, c, oy0, oy1, layouts.x, in + c * p.chunk());
     }
-    compute(p, in, wt, block_vector(bias, o0, lanes), oy1 - oy0, out);
     const int64_t at = (n * y_channels + o0) * s.oh * s.ow;
+    if (direct)
+      return compute(p, in, wt, block_vector(bias, o0, lanes), lo, hi, oy1 - oy0, ys + at + oy0 * s.ow * W, s.ow * W);
+    compute(p, in, wt, block_vector(bias, o0, lanes), lo, hi, oy1 - oy0, out, p.owp * W);
     if (layouts.y)
       store_nchwc(out, p.owp, s.ow, oy0, oy1, ep, residual ? residual + at : nullptr, ys + at);
     else

@@ -73,8 +73,11 @@ inline V vadd(V a, V b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline V vmul(V a, V b) { return {_mm512_mul_ps(a.v, b.v)}; }
 inline V vfma(V a, V b, V c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
 // max/min return the second operand when either is NaN: keep x second.
-inline V vclamp_lo(V x, float lo) { return {_mm512_max_ps(_mm512_set1_ps(lo), x.v)}; }
-inline V vclamp_hi(V x, float hi) { return {_mm512_min_ps(_mm512_set1_ps(hi), x.v)}; }
+// (Masked forms of the same instructions: GCC 12's _mm512_max_ps and
+// _mm512_min_ps warn that their own undefined operand is uninitialized where
+// some loops inline them.)
+inline V vclamp_lo(V x, float lo) { return {_mm512_mask_max_ps(x.v, 0xFFFF, _mm512_set1_ps(lo), x.v)}; }
+inline V vclamp_hi(V x, float hi) { return {_mm512_mask_min_ps(x.v, 0xFFFF, _mm512_set1_ps(hi), x.v)}; }
 inline V vleaky(V x, float alpha) {
   __mmask16 neg = _mm512_cmp_ps_mask(x.v, _mm512_setzero_ps(), _CMP_LT_OQ);
   return {_mm512_mask_mul_ps(x.v, neg, x.v, _mm512_set1_ps(alpha))};

@@ -125,6 +125,24 @@ def test_depthwise_takes_and_gives_blocked_activations(lanes, blocks, size, wind
         np.testing.assert_array_equal(np.asarray(got[:, -1, :, :, c % lanes:]), 0)
 
 
+@pytest.mark.parametrize("activation, clip", [(None, (0, 6)), ("relu", (0, 6)), ("relu6", (0, 6)),
+                                              ("clip", (0.25, 0.5)), ("hard_swish", (0, 6)), ("silu", (0, 6))])
+@pytest.mark.parametrize("size", [14, 13])  # whole register blocks a row, and not
+def test_blocked_depthwise_output_has_the_bits_of_the_nchw_output(lanes, activation, clip, size):
+    """A blocked y is written from the registers under a clamp (or no)
+    activation over whole register blocks, else through a band and a pass:
+    the same bits as an NCHW y either way."""
+    rng = np.random.default_rng(5)
+    c = 2 * lanes + 3
+    x, w, b = _normal(rng, (1, c, size, size)), _normal(rng, (c, 1, 3, 3)), _normal(rng, c)
+    kw = dict(padding=((1, 1), (1, 1)), groups=c, activation=activation, clip=clip, alpha=1 / 6, beta=0.5)
+    blocked = kernels.conv2d(kernels.to_nchwc(x), w, b, algorithm="depthwise", x_layout="NCHWc", y_layout="NCHWc",
+                             **kw)
+    nchw = kernels.conv2d(kernels.to_nchwc(x), w, b, algorithm="depthwise", x_layout="NCHWc", **kw)
+    np.testing.assert_array_equal(np.asarray(kernels.from_nchwc(blocked, c)), np.asarray(nchw))
+    np.testing.assert_allclose(np.asarray(nchw), kernels.conv2d_reference(x, w, b, **kw), **TOL)
+
+
 @pytest.mark.parametrize("expanded", [6, 4.5])
 def test_a_blocked_chain_gives_the_bits_of_the_nchw_chain(lanes, expanded):
     """An inverted residual (expand, depthwise, project with its residual) at
