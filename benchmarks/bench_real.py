@@ -191,7 +191,7 @@ def _ort(path: Path, profile: bool = False):
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def _openvino(path: Path):
+def _openvino(path: Path, profile: bool = False):
     import openvino as ov
     import openvino.properties as props
     import openvino.properties.hint as hint
@@ -200,6 +200,7 @@ def _openvino(path: Path):
         hint.performance_mode: hint.PerformanceMode.LATENCY,
         props.inference_num_threads: THREADS,
         hint.inference_precision: ov.Type.f32,
+        props.enable_profiling: profile,
     }
     return ov.Core().compile_model(str(path), "CPU", config)
 

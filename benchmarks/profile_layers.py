@@ -1,4 +1,4 @@
-"""Where a real model's time goes, block by block: jtile against ONNX Runtime, inside the model.
+"""Where a real model's time goes, block by block: jtile against ONNX Runtime and OpenVINO, inside the model.
 
 For a torchvision case of `bench_real.py` (exported to ONNX at opset 17), both
 engines run the same graph at batch 1, and each reports its own per-op times:
@@ -12,7 +12,10 @@ engines run the same graph at batch 1, and each reports its own per-op times:
   depthwise conv showed as 60-100 us);
 - ONNX Runtime (2 threads) with `enable_profiling`: its per-node kernel times,
   after its own fusions and NCHWc rewrite (a fused node is named after the
-  tensor it writes, e.g. `.../conv.0.2/Clip_output_0_nchwc` for Conv + Clip).
+  tensor it writes, e.g. `.../conv.0.2/Clip_output_0_nchwc` for Conv + Clip);
+- OpenVINO (CPU, latency hint, 2 threads, f32) with `enable_profiling`: the
+  real time of each node it executed (a conv is named after its ONNX node
+  with `/WithoutBiases` appended, a layout reorder after the node it feeds).
 
 Nodes are grouped into blocks by their module path less its last two parts
 (`/features/features.2/conv/conv.0/conv.0.0/Conv` and ONNX Runtime's fused
@@ -21,8 +24,8 @@ Nodes are grouped into blocks by their module path less its last two parts
 node two levels deep keeps its module (`/features/features.0/Conv` is block
 `/features/features.0`, and ONNX Runtime may name the same fused stem after
 its activation, `/features/features.1`). The
-table gives each block's median time per run in each engine, slowest gap first,
-and the totals; `benchmarks/results/layers-<model>-<time>.json` holds every
+table gives each block's median time per run in each engine, largest gap to
+the faster peer first, and the totals; `benchmarks/results/layers-<model>-<time>.json` holds every
 figure.
 
 Run: `python benchmarks/profile_layers.py mobilenet_v3_large [--runs 20] [--top 25] [--depth N]`.
@@ -32,7 +35,7 @@ Where the engines name a block's nodes too differently to meet (GoogLeNet's
 
 !!! warning
 
-    Needs the `bench` extra. ONNX Runtime's profiler and jax's add a few
+    Needs the `bench` extra. The peers' profilers and jax's add a few
     microseconds an op, so the totals exceed the models' plain run times;
     compare blocks, not totals against `bench_real.py`. A zoo model's name
     (`mobilenet_v2`, `resnet18`, `googlenet`, `alexnet`) profiles torchvision's
@@ -57,7 +60,7 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_real import TORCHVISION, ZOO, RealCase, _ort  # noqa: E402
+from bench_real import TORCHVISION, ZOO, RealCase, _openvino, _ort  # noqa: E402
 
 from jtile import kernels  # noqa: E402
 from jtile.algorithms import swap_backend  # noqa: E402
@@ -137,6 +140,23 @@ def ort_blocks(path: Path, feed, runs: int, depth: int | None) -> dict[str, floa
     return dict(blocks)
 
 
+def openvino_blocks(path: Path, x, runs: int, depth: int | None) -> dict[str, float]:
+    """`{block: median ms a run}` of OpenVINO's per-node real times."""
+    request = _openvino(path, profile=True).create_infer_request()
+    per_node = collections.defaultdict(list)
+    for i in range(5 + runs):
+        request.infer([x])
+        if i >= 5:
+            for info in request.get_profiling_info():
+                if info.real_time.total_seconds() > 0:
+                    per_node[info.node_name].append(info.real_time.total_seconds() * 1e3)
+    blocks = collections.defaultdict(float)
+    for node, times in per_node.items():
+        layer = re.sub(r"/WithoutBiases$", "", node[node.find("/"):] if "/" in node else node)
+        blocks[block(layer, depth)] += statistics.median(times)
+    return dict(blocks)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", choices=TORCHVISION + ZOO)
@@ -149,22 +169,25 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as directory:
         path = case.onnx_path(Path(directory))
         ours = jtile_blocks(case, path, args.runs, args.depth)
-        theirs = ort_blocks(path, {"x": case.input}, args.runs, args.depth)
-    rows = sorted(((b, ours.get(b, 0.0), theirs.get(b, 0.0)) for b in ours.keys() | theirs.keys()),
-                  key=lambda r: r[2] - r[1])
-    print(f"{args.model}: per block, median ms a run (profilers on); ratio = ORT / jtile")
-    print(f"{'block':60s} {'jtile':>8s} {'ORT':>8s} {'ratio':>6s}")
-    for name, mine, peer in rows[: args.top]:
-        ratio = f"{peer / mine:6.2f}" if mine > 0 else "     -"
-        print(f"{name[:60]:60s} {mine:8.3f} {peer:8.3f} {ratio}")
-    total_ours, total_theirs = sum(ours.values()), sum(theirs.values())
-    print(f"{'total':60s} {total_ours:8.3f} {total_theirs:8.3f} {total_theirs / total_ours:6.2f}")
+        ort = ort_blocks(path, {"x": case.input}, args.runs, args.depth)
+        openvino = openvino_blocks(path, case.input, args.runs, args.depth)
+    best = lambda b: min(ort.get(b, 0.0), openvino.get(b, 0.0))  # noqa: E731
+    rows = sorted(ours.keys() | ort.keys() | openvino.keys(), key=lambda b: best(b) - ours.get(b, 0.0))
+    print(f"{args.model}: per block, median ms a run (profilers on); ratios = peer / jtile")
+    print(f"{'block':56s} {'jtile':>7s} {'ORT':>7s} {'ratio':>6s} {'OV':>7s} {'ratio':>6s}")
+    ratio = lambda peer, mine: f"{peer / mine:6.2f}" if mine > 0 else "     -"  # noqa: E731
+    for name in rows[: args.top]:
+        mine, a, b = ours.get(name, 0.0), ort.get(name, 0.0), openvino.get(name, 0.0)
+        print(f"{name[:56]:56s} {mine:7.3f} {a:7.3f} {ratio(a, mine)} {b:7.3f} {ratio(b, mine)}")
+    mine, a, b = sum(ours.values()), sum(ort.values()), sum(openvino.values())
+    print(f"{'total':56s} {mine:7.3f} {a:7.3f} {ratio(a, mine)} {b:7.3f} {ratio(b, mine)}")
     print(f"load average at end: {os.getloadavg()}")
     results = Path(__file__).parent / "results"
     results.mkdir(exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = results / f"layers-{args.model}-{stamp}.json"
-    out.write_text(json.dumps({"model": args.model, "runs": args.runs, "jtile_ms": ours, "ort_ms": theirs},
+    out.write_text(json.dumps({"model": args.model, "runs": args.runs, "jtile_ms": ours, "ort_ms": ort,
+                                          "openvino_ms": openvino},
                               indent=1, sort_keys=True))
     print(f"json: {out}")
 
