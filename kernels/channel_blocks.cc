@@ -155,8 +155,8 @@ inline void out_block(const Blocked& p, const float* in, const float* wt, V bias
   for (int b = 0; b < B; ++b) vstore(out + b * W, vclamp_hi(vclamp_lo(vadd(acc[b], bias), lo), hi));
 }
 
-template <int KW, int S, int B>
 // `rows` output rows of a band, row r's ox at out[r * ldo + ox * W].
+template <int KW, int S, int B>
 void compute_band(const Blocked& p, const float* buf, const float* wt, V bias, float lo, float hi, int64_t rows,
                   float* out, int64_t ldo) {
   const int64_t row_step = p.s.sh * p.cols * W;
