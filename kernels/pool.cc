@@ -197,57 +197,76 @@ void pool_flat_planes(ffi::ThreadPool& pool, const PoolShape& p, const float* x,
 }
 
 #if defined(__AVX512F__)
-// A 3-wide window at column stride 2 without left padding (the ceil-mode 3x3
-// stride-2 max pools of GoogLeNet and SqueezeNet), each output vector straight
-// from registers: the window rows' maxima over input columns [2 ox, 2 ox + 32]
-// (three vectors, the third the next output vector's first), then the taps at
-// even columns, odd columns and even columns one further, by permutes. Columns
-// past the row are -inf (the right padding), never read. No row buffer, no
-// unaligned reloads of fresh stores. Alone (warm, best of 300, us, against
-// pool_rows): 128x55x55 29 against 34-36, 256x27x27 18 against 22, 64x112x112
-// 47 against 58, 192x56x56 43 against 50-53, 480x28x28 36-37 against 42-43;
-// SqueezeNet 1.648-1.652 against 1.659-1.678 ms best (3 pairs of processes).
+// A 2- or 3-wide window at column stride 2 without left padding (the
+// ceil-mode stride-2 max pools of GoogLeNet and SqueezeNet), each output
+// vector straight from registers: the window rows' maxima over input columns
+// [2 ox, 2 ox + 32] (three vectors, the third the next output vector's
+// first), then the taps at even columns, odd columns and (3 wide) even
+// columns one further, by permutes. Columns past the row are -inf (the right
+// padding), never read. No row buffer, no unaligned reloads of fresh stores.
+// A row's whole vectors load unmasked, and windows of 2 or 3 rows (all but a
+// ceil-mode window's last) unroll: alone (warm, one thread, us) 64x55x55 12.8
+// against 19.2 with masks and a loop over rows everywhere, 128x27x27 7.4
+// against 10.0, 32x112x112 29.5 against 41.6.
 constexpr int64_t kMaxRegisterRows = 64;  // the most window rows it holds pointers to
 
-bool columns_3_stride_2(const PoolShape& p) {
-  return p.kw == 3 && p.sw == 2 && p.pl == 0 && p.kh <= kMaxRegisterRows && !p.whole_plane;
+bool columns_stride_2(const PoolShape& p) {
+  return (p.kw == 2 || p.kw == 3) && p.sw == 2 && p.pl == 0 && p.kh <= kMaxRegisterRows && !p.whole_plane;
 }
 
-void max_pool_columns_3_stride_2(ffi::ThreadPool& pool, const PoolShape& p, const float* x, float* out) {
+void max_pool_columns_stride_2(ffi::ThreadPool& pool, const PoolShape& p, const float* x, float* out) {
   const __m512i even = veven_lanes();
   const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-  const __m512 lowest = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  plane_runs(pool, p.planes, [&](int64_t first, int64_t last) {
-    const float* src[kMaxRegisterRows];
-    for (int64_t plane = first; plane < last; ++plane) {
-      const float* in = x + plane * p.h * p.w;
-      for (int64_t oy = 0; oy < p.oh; ++oy) {
-        const int count = window_rows(p, in, oy, src);
-        // The window rows' maximum at columns [c, c + W), -inf past the row.
-        auto column = [&](int64_t c) {
-          const __mmask16 inside = c >= p.w ? 0 : vmask((int)std::min<int64_t>(W, p.w - c));
-          V v{count == 0 ? lowest : _mm512_mask_loadu_ps(lowest, inside, src[0] + c)};
-          for (int j = 1; j < count; ++j) v = vmax_nan(v, {_mm512_mask_loadu_ps(lowest, inside, src[j] + c)});
-          return v;
-        };
-        float* dst = out + (plane * p.oh + oy) * p.ow;
-        V a = column(0);
-        for (int64_t ox = 0; ox < p.ow; ox += W) {
-          const V b = column(2 * ox + W), c = column(2 * ox + 2 * W);
-          const V taps0{_mm512_permutex2var_ps(a.v, even, b.v)}, taps1{_mm512_permutex2var_ps(a.v, odd, b.v)};
-          const V taps2{_mm512_permutex2var_ps(_mm512_castsi512_ps(_mm512_alignr_epi32(
-                                                   _mm512_castps_si512(b.v), _mm512_castps_si512(a.v), 2)),
-                                               even,
-                                               _mm512_castsi512_ps(_mm512_alignr_epi32(
-                                                   _mm512_castps_si512(c.v), _mm512_castps_si512(b.v), 2)))};
-          const V m = vmax_nan(vmax_nan(taps0, taps1), taps2);
-          if (ox + W <= p.ow) vstore(dst + ox, m);
-          else vstore_partial(dst + ox, m, int(p.ow - ox));
-          a = c;
+  const V lowest = vset1(-std::numeric_limits<float>::infinity());
+  const int64_t whole = p.w / W;  // a row's whole vectors
+  const __mmask16 tail = vmask(int(p.w % W));
+  // The output row at dst from the window rows src, `rows()` of them (a
+  // constant, or the count), `columns` wide (2 or 3, an integral constant).
+  auto output_row = [&](const float* const* src, float* dst, auto rows, auto columns) {
+    constexpr int kColumns = decltype(columns)::value;
+    // The window rows' maximum over the row's vector k, -inf past the row.
+    auto column = [&](int64_t k) {
+      if (k < whole) {
+        V v = vload(src[0] + k * W);
+        for (int j = 1; j < rows(); ++j) v = vmax_nan(v, vload(src[j] + k * W));
+        return v;
+      }
+      if (k > whole || tail == 0 || rows() == 0) return lowest;
+      V v{_mm512_mask_loadu_ps(lowest.v, tail, src[0] + k * W)};
+      for (int j = 1; j < rows(); ++j) v = vmax_nan(v, {_mm512_mask_loadu_ps(lowest.v, tail, src[j] + k * W)});
+      return v;
+    };
+    V a = column(0);
+    for (int64_t ox = 0, k = 1; ox < p.ow; ox += W, k += 2) {
+      const V b = column(k), c = column(k + 1);
+      V m = vmax_nan({_mm512_permutex2var_ps(a.v, even, b.v)}, {_mm512_permutex2var_ps(a.v, odd, b.v)});
+      if constexpr (kColumns == 3)
+        m = vmax_nan(m, {_mm512_permutex2var_ps(
+                            _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(b.v), _mm512_castps_si512(a.v), 2)),
+                            even,
+                            _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(c.v), _mm512_castps_si512(b.v), 2)))});
+      if (ox + W <= p.ow) vstore(dst + ox, m);
+      else vstore_partial(dst + ox, m, int(p.ow - ox));
+      a = c;
+    }
+  };
+  auto planes = [&](auto columns) {
+    plane_runs(pool, p.planes, [&](int64_t first, int64_t last) {
+      const float* src[kMaxRegisterRows];
+      for (int64_t plane = first; plane < last; ++plane) {
+        const float* in = x + plane * p.h * p.w;
+        for (int64_t oy = 0; oy < p.oh; ++oy) {
+          float* dst = out + (plane * p.oh + oy) * p.ow;
+          const int count = window_rows(p, in, oy, src);
+          if (count == 3) output_row(src, dst, [] { return 3; }, columns);
+          else if (count == 2) output_row(src, dst, [] { return 2; }, columns);
+          else output_row(src, dst, [count] { return count; }, columns);
         }
       }
-    }
-  });
+    });
+  };
+  if (p.kw == 2) planes(std::integral_constant<int, 2>{});
+  else planes(std::integral_constant<int, 3>{});
 }
 #endif
 
@@ -305,8 +324,8 @@ ffi::Error MaxPool(ffi::ThreadPool pool, F32Buffer x, ffi::Span<const int64_t> a
     return ffi::Error::Success();
   }
 #if defined(__AVX512F__)
-  if (columns_3_stride_2(p)) {
-    max_pool_columns_3_stride_2(pool, p, x.typed_data(), out);
+  if (columns_stride_2(p)) {
+    max_pool_columns_stride_2(pool, p, x.typed_data(), out);
     return ffi::Error::Success();
   }
 #endif

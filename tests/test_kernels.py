@@ -535,10 +535,15 @@ def test_same_size_stride_1_max_pools_match_reference(case, seed):
     ((1, 3, 56, 56), (3, 3), (2, 2), ((0, 1), (0, 1))),    # GoogLeNet's ceil mode: the last window ends in padding
     ((2, 3, 9, 70), (2, 3), (3, 2), ((1, 0), (0, 2))),     # window rows in the top padding, 35 outputs a row
     ((1, 2, 7, 3), (4, 3), (1, 2), ((2, 2), (0, 0))),      # one output a row, rows wholly in the padding
+    ((1, 2, 6, 32), (3, 3), (2, 2), ((0, 1), (0, 1))),     # whole vectors only, no partial one
+    ((1, 8, 14, 14), (2, 2), (2, 2), ((0, 0), (0, 0))),    # GoogLeNet's 2x2: a row shorter than a vector
+    ((1, 3, 7, 33), (2, 2), (2, 2), ((0, 1), (0, 1))),     # 2-wide in ceil mode: 17 outputs a row
+    ((2, 2, 9, 40), (3, 2), (2, 2), ((1, 1), (0, 0))),     # 2-wide under 3 rows, a row in the top padding
 ])
-def test_max_pools_3_wide_at_column_stride_2_match_reference(shape, window, stride, padding):
-    """The 3-wide, column-stride-2 windows without left padding that pool.cc
-    computes in registers: NaN and Inf where they fall, right padding as -inf."""
+def test_max_pools_2_or_3_wide_at_column_stride_2_match_reference(shape, window, stride, padding):
+    """The 2- and 3-wide, column-stride-2 windows without left padding that
+    pool.cc computes in registers (2 or 3 window rows unrolled, any other
+    count looped): NaN and Inf where they fall, right padding as -inf."""
     rng = np.random.default_rng(0)
     x = _normal(rng, shape)
     x.reshape(-1)[rng.integers(0, x.size, 6)] = [np.nan, np.inf, -np.inf, np.nan, np.inf, -np.inf]
