@@ -69,6 +69,8 @@ inline void vstore(float* p, V x) { _mm512_storeu_ps(p, x.v); }
 inline __mmask16 vmask(int n) { return (__mmask16)((1u << n) - 1u); }
 inline V vload_partial(const float* p, int n) { return {_mm512_maskz_loadu_ps(vmask(n), p)}; }
 inline void vstore_partial(float* p, V x, int n) { _mm512_mask_storeu_ps(p, vmask(n), x.v); }
+// The lanes whose bit is set in `lanes` from p, `fill` in the others (never read).
+inline V vload_lanes(const float* p, uint32_t lanes, V fill) { return {_mm512_mask_loadu_ps(fill.v, (__mmask16)lanes, p)}; }
 inline V vadd(V a, V b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline V vmul(V a, V b) { return {_mm512_mul_ps(a.v, b.v)}; }
 inline V vfma(V a, V b, V c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
@@ -124,6 +126,11 @@ inline __m256i vmask(int n) {
 }
 inline V vload_partial(const float* p, int n) { return {_mm256_maskload_ps(p, vmask(n))}; }
 inline void vstore_partial(float* p, V x, int n) { _mm256_maskstore_ps(p, vmask(n), x.v); }
+inline V vload_lanes(const float* p, uint32_t lanes, V fill) {
+  const __m256i bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  const __m256i m = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)lanes), bits), bits);
+  return {_mm256_blendv_ps(fill.v, _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m))};
+}
 inline V vadd(V a, V b) { return {_mm256_add_ps(a.v, b.v)}; }
 inline V vmul(V a, V b) { return {_mm256_mul_ps(a.v, b.v)}; }
 inline V vfma(V a, V b, V c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
@@ -167,6 +174,7 @@ inline V vload(const float* p) { JTILE_LANES(p[i]); }
 inline void vstore(float* p, V x) { for (int i = 0; i < W; ++i) p[i] = x.v[i]; }
 inline V vload_partial(const float* p, int n) { JTILE_LANES(i < n ? p[i] : 0.0f); }
 inline void vstore_partial(float* p, V x, int n) { for (int i = 0; i < n; ++i) p[i] = x.v[i]; }
+inline V vload_lanes(const float* p, uint32_t lanes, V fill) { JTILE_LANES(lanes >> i & 1u ? p[i] : fill.v[i]); }
 inline V vadd(V a, V b) { JTILE_LANES(a.v[i] + b.v[i]); }
 inline V vmul(V a, V b) { JTILE_LANES(a.v[i] * b.v[i]); }
 inline V vfma(V a, V b, V c) { JTILE_LANES(a.v[i] * b.v[i] + c.v[i]); }

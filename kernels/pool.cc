@@ -135,16 +135,13 @@ void pool_rows(ffi::ThreadPool& pool, const PoolShape& p, const float* x, float 
 // A stride-1 window padded to keep the plane's size (GoogLeNet's 3x3 max
 // pools with padding 1), with the plane as one flat run of h * w values, so
 // that a 14x14 plane costs 13 full vectors a pass instead of 14 partial rows
-// (measured 5x faster on 512 planes of 14x14). Each plane is copied between
-// margins of `init`; the horizontal pass reads each column tap at a flat
-// offset and masks, per lane, taps that fall off the lane's row (`inside`, the
-// same for every plane); the vertical pass reads the horizontal maxima `kh`
-// rows apart, between rows of `init` for the padding. The three passes run a
-// plane apart over two sets of buffers (copy plane p + 1, horizontal p,
-// vertical p - 1), so that unaligned loads come a plane after the stores they
-// read: alone, 1024 planes of 14x14 33-35 against 39-41 us, 512 of 28x28 74-78
-// against 81; level at 256 planes. (Reading x in place, without the copy,
-// was slower: 512 of 14x14 24-26 against 19-20 us.) `combine` as for pool_rows.
+// (measured 5x faster on 512 planes of 14x14). The horizontal pass reads each
+// column tap of x at a flat offset, only the lanes whose tap falls on the
+// lane's row and inside the plane (`lanes`, the same for every plane), `init`
+// in the others; the vertical pass reads the horizontal maxima `kh` rows
+// apart, between rows of `init` for the padding. The two passes run a plane
+// apart over two buffers (horizontal p, vertical p - 1), so that unaligned
+// loads come a plane after the stores they read. `combine` as for pool_rows.
 bool same_size_stride1(const PoolShape& p) {
   return p.sh == 1 && p.sw == 1 && p.oh == p.h && p.ow == p.w && !p.whole_plane;
 }
@@ -152,29 +149,24 @@ bool same_size_stride1(const PoolShape& p) {
 template <typename Combine>
 void pool_flat_planes(ffi::ThreadPool& pool, const PoolShape& p, const float* x, float* out, float init,
                       Combine combine) {
-  const int64_t size = p.h * p.w, padded = ceil_div(size, W) * W;
-  const int64_t margin = ceil_div(std::max(p.pl, p.kw - 1 - p.pl), W) * W, flat_stride = margin + padded + margin;
-  const int64_t above = p.pt * p.w, below = (p.kh - 1 - p.pt) * p.w, stride = above + padded + below + W;
-  std::vector<float> inside(p.kw * padded, 0.0f);  // 1 where column tap kx of position i is on i's row
+  const int64_t size = p.h * p.w, vectors = ceil_div(size, W);
+  const int64_t above = p.pt * p.w, below = (p.kh - 1 - p.pt) * p.w, stride = above + vectors * W + below + W;
+  std::vector<uint32_t> lanes(p.kw * vectors, 0);  // bit l: column tap kx of position v * W + l is on its row
   for (int64_t kx = 0; kx < p.kw; ++kx)
     for (int64_t i = 0; i < size; ++i) {
       const int64_t col = i % p.w + kx - p.pl;
-      inside[kx * padded + i] = col >= 0 && col < p.w ? 1.0f : 0.0f;
+      if (col >= 0 && col < p.w) lanes[kx * vectors + i / W] |= 1u << (i % W);
     }
   plane_runs(pool, p.planes, [&](int64_t first, int64_t last) {
-    std::vector<float> flat(2 * flat_stride, init), rows(2 * stride, init);
-    const V none = vset1(init), half = vset1(0.5f);
-    auto copy = [&](int64_t plane) {
-      std::memcpy(flat.data() + (plane - first) % 2 * flat_stride + margin, x + plane * size, size * sizeof(float));
-    };
+    std::vector<float> rows(2 * stride, init);
+    const V none = vset1(init);
     auto horizontal = [&](int64_t plane) {
-      const float* in = flat.data() + (plane - first) % 2 * flat_stride + margin;
+      const float* in = x + plane * size - p.pl;
       float* h = rows.data() + (plane - first) % 2 * stride + above;
-      for (int64_t i = 0; i < padded; i += W) {
-        V v = none;
-        for (int64_t kx = 0; kx < p.kw; ++kx)
-          v = combine(v, vselect_lt(vload(inside.data() + kx * padded + i), half, none, vload(in + i + kx - p.pl)));
-        vstore(h + i, v);
+      for (int64_t v = 0; v < vectors; ++v) {
+        V m = vload_lanes(in + v * W, lanes[v], none);
+        for (int64_t kx = 1; kx < p.kw; ++kx) m = combine(m, vload_lanes(in + v * W + kx, lanes[kx * vectors + v], none));
+        vstore(h + v * W, m);
       }
     };
     auto vertical = [&](int64_t plane) {
@@ -187,9 +179,7 @@ void pool_flat_planes(ffi::ThreadPool& pool, const PoolShape& p, const float* x,
         else vstore_partial(y + i, v, int(size - i));
       }
     };
-    copy(first);
     for (int64_t plane = first; plane <= last; ++plane) {
-      if (plane + 1 < last) copy(plane + 1);
       if (plane < last) horizontal(plane);
       if (plane > first) vertical(plane - 1);
     }
