@@ -877,6 +877,23 @@ def test_pointwise_conv_applies_its_prologue(n, c, o, size, activation, sizes):
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=3e-4)
 
 
+@pytest.mark.parametrize("n, c, o, size", [
+    (1, 96, 24, 56),    # EfficientNet-B0's projection after its squeeze-excitation at 56x56
+    (2, 1100, 40, 28),  # two images, K past one K block, a ragged strip of 40 rows
+    (1, 72, 40, 29),    # 841 pixels: a ragged strip of columns, packed
+])
+def test_a_scale_only_prologue_scales_the_weights_and_reads_x_in_place(n, c, o, size):
+    """Where a channel-rows 1x1 conv has at least 4 pixels an output channel,
+    a prologue that only scales x (a squeeze-excitation's) scales the weights
+    as the GEMM packs them once, and x is read in place."""
+    rng = np.random.default_rng(8)
+    x, w, b = _normal(rng, (n, c, size, size)), _normal(rng, (o, c, 1, 1)), _normal(rng, o)
+    scale = _normal(rng, c)
+    got = kernels.conv2d(x, w, b, algorithm="smm", activation="relu6", prologue=(None, scale, None, None))
+    want = kernels.conv2d_reference(x * scale[:, None, None], w, b, activation="relu6")
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=3e-4)
+
+
 @pytest.mark.parametrize("c, o, size, stride, pixel_rows", [
     (40, 24, 28, (2, 2), False),    # channel rows
     (1152, 200, 10, (2, 2), True),  # pixel rows: 25 output pixels

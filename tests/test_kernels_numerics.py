@@ -85,19 +85,21 @@ def _pool_case(x_shape, kernel, reference):
 
 _POOL = dict(window=(3, 3), stride=(2, 2), padding=((1, 1), (0, 1)))
 
-def _prologue_case(x_shape, o):
-    """A 1x1 smm conv applying a batch norm and ReLU to x as it packs it."""
+def _prologue_case(x_shape, o, scale_only=False):
+    """A 1x1 smm conv applying a batch norm and ReLU to x as it packs it, or
+    (`scale_only`) a squeeze-excitation's scale, which it applies to the weights."""
     c = x_shape[1]
 
     def make(rng):
         return _normal(rng, x_shape), _normal(rng, (o, c, 1, 1)), _normal(rng, (3, c))
 
     def kernel(x, w, p):
-        return kernels.conv2d(x, w, algorithm="smm", prologue=(*p, "relu"))
+        prologue = (None, p[1], None, None) if scale_only else (*p, "relu")
+        return kernels.conv2d(x, w, algorithm="smm", prologue=prologue)
 
     def reference(x, w, p):
         shift, scale, bias = (v[None, :, None, None] for v in p)
-        y = jax.nn.relu((x - shift) * scale + bias)
+        y = x * scale if scale_only else jax.nn.relu((x - shift) * scale + bias)
         return lax.conv_general_dilated(y, w, (1, 1), "VALID", dimension_numbers=("NCHW", "OIHW", "NCHW"))
 
     return make, kernel, reference
@@ -140,6 +142,8 @@ CASES = {
     "conv_grouped_dilated": _conv_case((1, 12, 17, 15), (36, 4, 3, 2), "grouped", groups=3,
                                        dilation=(2, 1), padding=((2, 2), (1, 1))),
     "conv_smm_prologue": _prologue_case((2, 20, 9, 11), 24),
+    # 99 pixels for 24 outputs: the scale goes to the weights, x is read in place
+    "conv_smm_scale_prologue": _prologue_case((2, 20, 9, 11), 24, scale_only=True),
     "conv_winograd": _conv_case((2, 6, 13, 18), (5, 6, 3, 3), "winograd", padding=((1, 2), (0, 1))),
     "conv_winograd_panels": _conv_case((1, 16, 56, 56), (16, 16, 3, 3), "winograd",
                                        padding=((1, 1), (1, 1)), activation="relu"),
