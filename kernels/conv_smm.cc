@@ -268,7 +268,8 @@ ffi::Error ConvSmm(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer b, 
   // against 64.0, 144->24 at 56x56 54.9 against 73.7, 240->40 at 28x28 42.2
   // against 48.6; the model 0.993x best of rounds (0.983x median). With fewer
   // pixels (480->112 at 14x14: 68.6 against 63.5; 672->160 at 7x7: 61.3
-  // against 46.2) packing the scaled x cost less.
+  // against 46.2) packing the scaled x cost less, and pixel rows, which scale
+  // a copy of x, less still: jtile.kernels.smm_pixel_rows sends those there.
   const bool scales_only = !pixel_rows && pixels >= 4 * og && scale.given() && !shift.given() && !offset.given() &&
                            prologue_activation == 0;
   Epilogue prologue_act;

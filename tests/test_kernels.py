@@ -877,19 +877,26 @@ def test_pointwise_conv_applies_its_prologue(n, c, o, size, activation, sizes):
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=3e-4)
 
 
-@pytest.mark.parametrize("n, c, o, size", [
-    (1, 96, 24, 56),    # EfficientNet-B0's projection after its squeeze-excitation at 56x56
-    (2, 1100, 40, 28),  # two images, K past one K block, a ragged strip of 40 rows
-    (1, 72, 40, 29),    # 841 pixels: a ragged strip of columns, packed
+@pytest.mark.parametrize("n, c, o, size, pixel_rows", [
+    (1, 96, 24, 56, False),    # EfficientNet-B0's projection after its squeeze-excitation at 56x56
+    (2, 1100, 40, 28, False),  # two images, K past one K block, a ragged strip of 40 rows
+    (1, 72, 40, 29, False),    # 841 pixels: a ragged strip of columns, packed
+    (1, 480, 112, 14, True),   # MobileNetV3's at 14x14: 196 pixels for 112 outputs
+    (2, 480, 112, 14, False),  # the same on two images: pixel rows would take one
 ])
-def test_a_scale_only_prologue_scales_the_weights_and_reads_x_in_place(n, c, o, size):
-    """Where a channel-rows 1x1 conv has at least 4 pixels an output channel,
-    a prologue that only scales x (a squeeze-excitation's) scales the weights
-    as the GEMM packs them once, and x is read in place."""
+def test_a_scale_only_prologue_scales_the_weights_or_a_copy_of_x(n, c, o, size, pixel_rows):
+    """A 1x1 conv whose prologue only scales x (a squeeze-excitation's) runs
+    in channel rows from 4 pixels an output channel (or on several images),
+    where it scales the weights as the GEMM packs them once and reads x in
+    place, and in pixel rows below, where it scales a copy of x."""
     rng = np.random.default_rng(8)
     x, w, b = _normal(rng, (n, c, size, size)), _normal(rng, (o, c, 1, 1)), _normal(rng, o)
     scale = _normal(rng, c)
-    got = kernels.conv2d(x, w, b, algorithm="smm", activation="relu6", prologue=(None, scale, None, None))
+    conv = lambda x: kernels.conv2d(x, w, b, algorithm="smm", activation="relu6",  # noqa: E731
+                                    prologue=(None, scale, None, None))
+    (call,) = [e for e in iter_eqns(jax.make_jaxpr(conv)(x).jaxpr) if e.primitive.name == "ffi_call"]
+    assert int(dict(call.params["attributes"])["pixel_rows"]) == pixel_rows
+    got = conv(x)
     want = kernels.conv2d_reference(x * scale[:, None, None], w, b, activation="relu6")
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=3e-4)
 
