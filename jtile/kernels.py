@@ -351,8 +351,7 @@ TOLERANCE = {"direct": 1e-5, "grouped": 1e-5, "smm": 2e-6, "winograd": 5e-5, "de
 class ConvSpec:
     """One 2-D convolution: NCHW input shape, OIHW weight, explicit padding, the
     layouts x and y are stored in ("NCHW", or "NCHWc": see `to_nchwc`), and
-    whether the conv's prologue only scales x (`scales_x`: a
-    squeeze-excitation's, see `conv2d`'s `prologue`)."""
+    whether it applies a prologue to x (see `conv2d`'s `prologue`)."""
 
     x_shape: tuple[int, int, int, int]
     w_shape: tuple[int, int, int, int]
@@ -362,7 +361,7 @@ class ConvSpec:
     groups: int
     dtype: np.dtype
     layouts: tuple[str, str] = ("NCHW", "NCHW")
-    scales_x: bool = False
+    prologue: bool = False
 
     @property
     def nchwc(self) -> bool:
@@ -759,9 +758,8 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
         raise UnsupportedError(f"conv2d: algorithm {algorithm!r} cannot run this layer: {reason}")
     if b is not None and jnp.shape(b) != (jnp.shape(w)[0],):
         raise ConfigError(f"conv2d: bias must have shape ({jnp.shape(w)[0]},), got {jnp.shape(b)}")
-    scales_x = isinstance(prologue, (tuple, list)) and len(prologue) == 4 and prologue[1] is not None and all(
-        prologue[i] is None for i in (0, 2, 3))
-    spec = ConvSpec(x_shape, jnp.shape(w), dtype=np.dtype(np.float32), layouts=layouts, scales_x=scales_x, **config)
+    spec = ConvSpec(x_shape, jnp.shape(w), dtype=np.dtype(np.float32), layouts=layouts,
+                    prologue=prologue is not None, **config)
     algo = _CONV_ALGORITHMS[algorithm]
     if spec.nchwc:
         reason = _extra_support(algorithm, "nchwc", spec)
@@ -980,20 +978,23 @@ def smm_pixel_rows(spec: ConvSpec) -> bool:
     160<->960 1.10x; 80<->480 level and 112<->672 0.94x; at 8x8 (full
     vectors) and 10x10 channel rows won by 1.5x.
 
-    A 1x1 conv of one image whose prologue only scales x (`spec.scales_x`)
-    takes pixel rows under 4 pixels an output channel: the kernel scales a copy
-    of x there, and in channel rows it scales the weights instead and reads x
-    in place (see kernels/conv_smm.cc), which pays with more pixels. In the
-    model against channel rows packing the scaled x, us: 480->112 at 14x14
-    55.6 against 64.8, 672->112 75.0 against 88.8, 672->192 at 7x7 42.5
-    against 55.5.
+    A 1x1 conv of one image with a prologue (`spec.prologue`) takes pixel
+    rows under 4 pixels an output channel: the kernel applies the prologue
+    to one copy of x there, where channel rows apply it to every task's
+    strips of x (or, a prologue that only scales x, to the weights, which
+    pays with more pixels: see kernels/conv_smm.cc). In the model against
+    channel rows, us: MobileNetV3's squeeze-excitation projections 480->112
+    at 14x14 55.6 against 64.8, 672->112 75.0 against 88.8, EfficientNet-B0's
+    672->192 at 7x7 42.5 against 55.5; DenseNet-121's 24 1x1 convs to 128
+    channels at 14x14, after their batch norm and ReLU, 1894-1963 against
+    2234-2326 a run (two runs). Its 7x7 ones measured level.
     """
     mr, nr = gemm_tile()
     pixels = spec.out_shape[2] * spec.out_shape[3]
     channels = spec.w_shape[0] // spec.groups
     depth = spec.w_shape[1] * spec.w_shape[2] * spec.w_shape[3]
     fill = lambda n, r: n / (-(-n // r) * r)  # noqa: E731
-    if spec.w_shape[2] * spec.w_shape[3] == 1 and spec.scales_x and spec.x_shape[0] == 1:
+    if spec.w_shape[2] * spec.w_shape[3] == 1 and spec.prologue and spec.x_shape[0] == 1:
         return pixels < 4 * channels
     if spec.w_shape[2] * spec.w_shape[3] == 1:
         return fill(pixels, vector_lanes()) < 0.8 and channels * depth > 2**17

@@ -857,7 +857,8 @@ def test_conv_max_pool_refuses_what_it_cannot_fuse(algorithm, groups, extra, mes
 # A 1x1 conv that applies a per-input-channel prologue, act((x - shift) * scale
 # + bias), as it packs x (DenseNet's batch norm and ReLU before each 1x1 conv).
 @pytest.mark.parametrize("n, c, o, size, activation", [
-    (1, 40, 24, 7, "relu"),      # 49 pixels: a ragged strip of columns
+    (1, 40, 24, 7, "relu"),      # 49 pixels for 24 outputs: pixel rows
+    (1, 40, 8, 7, "relu"),       # 49 pixels for 8 outputs: channel rows, a ragged strip of columns
     (2, 1100, 16, 9, None),      # two images, K past one K block
     (1, 24, 40, 12, "relu6"),
     (1, 1152, 200, 5, None),     # pixel rows (a squeeze-excitation's scale before a projection)
@@ -871,7 +872,8 @@ def test_pointwise_conv_applies_its_prologue(n, c, o, size, activation, sizes):
     conv = lambda x: kernels.conv2d(x, w, b, algorithm="smm", activation="relu",  # noqa: E731
                                     prologue=(*values, activation))
     (call,) = [e for e in iter_eqns(jax.make_jaxpr(conv)(x).jaxpr) if e.primitive.name == "ffi_call"]
-    assert int(dict(call.params["attributes"])["pixel_rows"]) == (size == 5)  # 25 pixels fill 25 of 32 lanes
+    # one image under 4 pixels an output channel: pixel rows, which apply the prologue to one copy of x
+    assert int(dict(call.params["attributes"])["pixel_rows"]) == (n == 1 and size * size < 4 * o)
     got = conv(x)
     want = kernels.conv2d_reference(_prologue_reference(x, *values, activation), w, b, activation="relu")
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=3e-4)
@@ -904,7 +906,8 @@ def test_a_scale_only_prologue_scales_the_weights_or_a_copy_of_x(n, c, o, size, 
 @pytest.mark.parametrize("c, o, size, stride, pixel_rows", [
     (40, 24, 28, (2, 2), False),    # channel rows
     (1152, 200, 10, (2, 2), True),  # pixel rows: 25 output pixels
-    (24, 16, 9, (3, 2), False),
+    (24, 16, 9, (3, 2), True),      # 15 pixels for 16 outputs
+    (24, 4, 17, (3, 2), False),     # 54 pixels for 4 outputs
 ])
 def test_strided_pointwise_conv_applies_its_prologue_to_the_pixels_it_reads(c, o, size, stride, pixel_rows):
     """A strided 1x1 conv copies the pixels it reads, then packs them with the prologue."""
