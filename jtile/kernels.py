@@ -714,8 +714,7 @@ def conv2d(x: jax.Array, w: jax.Array, b: jax.Array | None = None, *, algorithm:
     batch norm and its ReLU, or a squeeze-excitation's scale, per input
     channel; activation None, "relu" or "relu6") instead of `x`, applied as
     the kernel packs x: "smm" on 1x1 unpadded convs of one group (a strided
-    one on the pixels it reads) only, of one image where the layer runs in pixel rows (see
-    `conv2d_prologue_support`).
+    one on the pixels it reads) only (see `conv2d_prologue_support`).
 
     `reads_prefix=True` lets `x`, of one image, hold more channels than the
     conv reads: it convolves the first `C = w.shape[1] * groups` of them, so a
@@ -971,15 +970,22 @@ def smm_pixel_rows(spec: ConvSpec) -> bool:
     at 28x28 (784 pixels, over the limit) 0.46 against 0.52; with K = 144 (16->16
     at 16x16) channel rows stay faster, 0.017 against 0.028 ms.
 
-    A 1x1 conv whose pixels fill less than 80% of their vectors (7x7: 49 of
-    64 lanes) takes pixel rows too once it has more than 2^17 weights, where
-    packing x costs less than the idle lanes. Measured in jitted chains of
-    such pairs at 7x7: 512<->512 1.24x, 256<->1024 1.16x, 192<->1152 1.13x,
-    160<->960 1.10x; 80<->480 level and 112<->672 0.94x; at 8x8 (full
-    vectors) and 10x10 channel rows won by 1.5x.
+    A 1x1 conv whose pixels fill less than 95% of their vectors (7x7: 49 of
+    64 lanes; 10x10 and 14x14) takes pixel rows too once it has at least 64
+    output channels (a whole strip of the wide tile's columns), where
+    packing x costs less than the lanes channel rows leave idle. Alone, warm,
+    pixel rows' time over channel rows' on this release's Zen 5: 7x7
+    0.69-0.84 (512->64 to 160->480), 10x10 0.87-0.95, 14x14 0.90-0.97 (and
+    160->480 1.00); with whole vectors 8x8 0.98-1.06, 16x16 0.99-1.06,
+    20x20 1.05-1.06, and 13x13 (96%) 0.98-1.02 but for 1024->256 (0.78).
+    In the models, two compiled functions in alternating rounds, either
+    compiled first: ResNet-50 0.985-0.993x (its thirteen 14x14 1x1s 3397-3443
+    against 3604-3657 us a run), ShuffleNetV2 0.973-0.995x, GoogLeNet,
+    ResNet-18, RegNet-Y and MobileNetV3 level. (It was 80% and 2^17
+    weights, from the previous tile's measurements.)
 
-    A 1x1 conv of one image with a prologue (`spec.prologue`) takes pixel
-    rows under 4 pixels an output channel: the kernel applies the prologue
+    A 1x1 conv with a prologue (`spec.prologue`) takes pixel rows if it has
+    one image and under 4 pixels an output channel: the kernel applies the prologue
     to one copy of x there, where channel rows apply it to every task's
     strips of x (or, a prologue that only scales x, to the weights, which
     pays with more pixels: see kernels/conv_smm.cc). In the model against
@@ -994,10 +1000,10 @@ def smm_pixel_rows(spec: ConvSpec) -> bool:
     channels = spec.w_shape[0] // spec.groups
     depth = spec.w_shape[1] * spec.w_shape[2] * spec.w_shape[3]
     fill = lambda n, r: n / (-(-n // r) * r)  # noqa: E731
-    if spec.w_shape[2] * spec.w_shape[3] == 1 and spec.prologue and spec.x_shape[0] == 1:
-        return pixels < 4 * channels
+    if spec.w_shape[2] * spec.w_shape[3] == 1 and spec.prologue:  # pixel rows apply one to one image only
+        return spec.x_shape[0] == 1 and pixels < 4 * channels
     if spec.w_shape[2] * spec.w_shape[3] == 1:
-        return fill(pixels, vector_lanes()) < 0.8 and channels * depth > 2**17
+        return fill(pixels, vector_lanes()) < 0.95 and channels >= 64
     return pixels <= 256 and (depth >= 256 or fill(channels, nr) >= fill(pixels, nr))
 
 
@@ -1031,9 +1037,6 @@ def _smm_prologue(spec: ConvSpec) -> str | None:
         return ("a prologue is applied to a 1x1 unpadded conv of one group only (x packed as it is "
                 f"read), this layer has a {spec.w_shape[2:]} window, stride {spec.stride}, padding "
                 f"{spec.padding} and {spec.groups} group(s)")
-    if smm_pixel_rows(spec) and spec.x_shape[0] != 1:
-        return (f"a layer of {spec.out_shape[2]}x{spec.out_shape[3]} pixels runs in pixel rows, where a prologue "
-                f"is applied to one image only, x has {spec.x_shape[0]}")
     return None
 
 

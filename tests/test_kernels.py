@@ -84,8 +84,10 @@ def test_conv2d_matches_reference(algorithm, case):
         ((2, 240, 7, 9), (256, 240, 3, 3), 1, True),  # few pixels, many channels: 3 K blocks, batch 2
         ((1, 40, 15, 15), (128, 40, 3, 3), 2, True),  # strided, 8x8 out
         ((2, 40, 20, 20), (96, 40, 3, 3), 1, False),  # 400 pixels
-        ((1, 96, 7, 7), (160, 96, 1, 1), 1, False),  # 1x1: x itself is the B operand
-        ((1, 960, 5, 5), (160, 960, 1, 1), 1, True),  # 1x1, 25 of 32 lanes, many weights: pixel rows
+        ((1, 96, 8, 8), (160, 96, 1, 1), 1, False),  # 1x1, whole vectors: x itself is the B operand
+        ((1, 96, 14, 14), (40, 96, 1, 1), 1, False),  # 1x1, under a strip of output channels
+        ((1, 96, 14, 14), (160, 96, 1, 1), 1, True),  # 1x1, 196 of 208 lanes: pixel rows
+        ((1, 960, 5, 5), (160, 960, 1, 1), 1, True),  # 1x1, 25 of 32 lanes: pixel rows
         # 1x1 read in place over 2 K blocks; 140 pixels = 2 full strips and a packed partial one
         ((2, 1100, 10, 14), (9, 1100, 1, 1), 1, False),
     ],
@@ -885,6 +887,7 @@ def test_pointwise_conv_applies_its_prologue(n, c, o, size, activation, sizes):
     (1, 72, 40, 29, False),    # 841 pixels: a ragged strip of columns, packed
     (1, 480, 112, 14, True),   # MobileNetV3's at 14x14: 196 pixels for 112 outputs
     (2, 480, 112, 14, False),  # the same on two images: pixel rows would take one
+    (2, 512, 512, 5, False),   # two images, 25 pixels for 512 outputs: channel rows, packing the scaled x
 ])
 def test_a_scale_only_prologue_scales_the_weights_or_a_copy_of_x(n, c, o, size, pixel_rows):
     """A 1x1 conv whose prologue only scales x (a squeeze-excitation's) runs
@@ -962,11 +965,10 @@ def test_conv_reads_prefix_refuses_what_it_cannot_read(algorithm, x_shape, messa
     ("smm", (16, 4, 1, 1), 2, None, r"2 group\(s\)"),
     ("smm", (16, 8, 1, 1), 1, (np.zeros(7, np.float32),) * 3 + ("relu",), r"have shape \(8,\) or \(1,\)"),
     ("smm", (16, 8, 1, 1), 1, (np.zeros(8, np.float32),) * 3 + ("gelu",), "must be None, 'relu' or 'relu6'"),
-    ("smm", (512, 512, 1, 1), 1, None, "in pixel rows, where a prologue is applied to one image only, x has 2"),
 ])
 def test_conv_prologue_refuses_what_it_cannot_apply(algorithm, w_shape, groups, prologue, message):
     c = w_shape[1] * groups
-    x, w = np.zeros((2, c, 5, 5) if c == 512 else (1, c, 7, 7), np.float32), np.zeros(w_shape, np.float32)
+    x, w = np.zeros((1, c, 7, 7), np.float32), np.zeros(w_shape, np.float32)
     prologue = prologue or (np.zeros(c, np.float32), np.ones(c, np.float32), np.zeros(c, np.float32), "relu")
     with pytest.raises(jtile.ConfigError, match=message):
         kernels.conv2d(x, w, algorithm=algorithm, groups=groups, prologue=prologue)
