@@ -216,14 +216,12 @@ void max_pool_columns_stride_2(ffi::ThreadPool& pool, const PoolShape& p, const 
     constexpr int kColumns = decltype(columns)::value;
     // The window rows' maximum over the row's vector k, -inf past the row.
     auto column = [&](int64_t k) {
-      if (k < whole) {
-        V v = vload(src[0] + k * W);
-        for (int j = 1; j < rows(); ++j) v = vmax_nan(v, vload(src[j] + k * W));
-        return v;
-      }
-      if (k > whole || tail == 0 || rows() == 0) return lowest;
-      V v{_mm512_mask_loadu_ps(lowest.v, tail, src[0] + k * W)};
-      for (int j = 1; j < rows(); ++j) v = vmax_nan(v, {_mm512_mask_loadu_ps(lowest.v, tail, src[j] + k * W)});
+      if (rows() == 0 || k > whole || (k == whole && tail == 0)) return lowest;
+      auto load = [&](int j) {
+        return k < whole ? vload(src[j] + k * W) : V{_mm512_mask_loadu_ps(lowest.v, tail, src[j] + k * W)};
+      };
+      V v = load(0);
+      for (int j = 1; j < rows(); ++j) v = vmax_nan(v, load(j));
       return v;
     };
     V a = column(0);

@@ -541,6 +541,8 @@ def test_same_size_stride_1_max_pools_match_reference(case, seed):
     ((1, 8, 14, 14), (2, 2), (2, 2), ((0, 0), (0, 0))),    # GoogLeNet's 2x2: a row shorter than a vector
     ((1, 3, 7, 33), (2, 2), (2, 2), ((0, 1), (0, 1))),     # 2-wide in ceil mode: 17 outputs a row
     ((2, 2, 9, 40), (3, 2), (2, 2), ((1, 1), (0, 0))),     # 2-wide under 3 rows, a row in the top padding
+    ((1, 2, 4, 40), (2, 3), (1, 2), ((3, 0), (0, 0))),     # windows wholly in the top padding: -inf rows
+    ((1, 2, 4, 40), (3, 2), (2, 2), ((4, 1), (0, 1))),
 ])
 def test_max_pools_2_or_3_wide_at_column_stride_2_match_reference(shape, window, stride, padding):
     """The 2- and 3-wide, column-stride-2 windows without left padding that
