@@ -995,14 +995,14 @@ def smm_pixel_rows(spec: ConvSpec) -> bool:
     channels at 14x14, after their batch norm and ReLU, 1894-1963 against
     2234-2326 a run (two runs). Its 7x7 ones measured level.
     """
-    mr, nr = gemm_tile()
+    nr = gemm_tile()[1]
     pixels = spec.out_shape[2] * spec.out_shape[3]
     channels = spec.w_shape[0] // spec.groups
     depth = spec.w_shape[1] * spec.w_shape[2] * spec.w_shape[3]
     fill = lambda n, r: n / (-(-n // r) * r)  # noqa: E731
-    if spec.w_shape[2] * spec.w_shape[3] == 1 and spec.prologue:  # pixel rows apply one to one image only
-        return spec.x_shape[0] == 1 and pixels < 4 * channels
     if spec.w_shape[2] * spec.w_shape[3] == 1:
+        if spec.prologue:  # pixel rows apply one to one image only
+            return spec.x_shape[0] == 1 and pixels < 4 * channels
         return fill(pixels, vector_lanes()) < 0.95 and channels >= 64
     return pixels <= 256 and (depth >= 256 or fill(channels, nr) >= fill(pixels, nr))
 
