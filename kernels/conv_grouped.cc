@@ -223,37 +223,67 @@ void compute_rows(const Grouped& p, const float* buf, int64_t in_rows, const flo
 using RowsFn = void (*)(const Grouped&, const float*, int64_t, const float*, const V*, int64_t, int64_t, int64_t,
                         float*);
 
-// Conv rows [cy0, cy1) of one block in `out` ((r * owp + ox) * W, bias
-// included), activated as they are read, max-pooled into rows [y0, y1) of the
-// pooled plane at pooled ((r * pw + ox) * W); taps outside the conv's output
-// are skipped (padding as -inf), NaN propagates. Whole 3x3 windows take the
-// maximum of each row's three, then of the rows, not one chain of nine (a
-// separate activation pass and that chain had cost a third of SqueezeNet's
-// stem).
-void pool_band(const Grouped& p, const Epilogue& ep, int64_t cy0, int64_t cy1, int64_t y0, int64_t y1,
+// Pooled rows [y0, y1) (at pooled ((r * pw + ox) * W)) of conv rows [cy0,
+// cy1) of one block in `out` ((r * owp + ox) * W, bias included): each tap
+// goes through `tap`, each window's maximum through `finish`; taps outside
+// the conv's output are skipped (padding as -inf), a window of none is -inf,
+// NaN propagates. Stride-2 windows 3 wide over 3 whole rows (the stems')
+// share columns: window x reads columns 2x - pl + {0, 1, 2}, and its last is
+// the next window's first, so each column's maximum over the rows is taken
+// once.
+template <typename Tap, typename Finish>
+void pool_rows(const Grouped& p, Tap tap, Finish finish, int64_t cy0, int64_t cy1, int64_t y0, int64_t y1,
                const float* out, float* pooled) {
   const FusedPool& q = p.pool;
-  ep.visit([&](auto act) {
-    for (int64_t y = y0; y < y1; ++y) {
-      const int64_t top = std::max(y * q.sh - q.pt, cy0), bottom = std::min(y * q.sh - q.pt + q.kh, cy1);
-      for (int64_t x = 0; x < p.pw; ++x) {
-        const int64_t left = std::max<int64_t>(x * q.sw - q.pl, 0), right = std::min(x * q.sw - q.pl + q.kw, p.s.ow);
-        const float* row = out + ((top - cy0) * p.owp + left) * W;
-        const auto three = [&](const float* r) {
-          return vmax_nan(vmax_nan(act(vload(r)), act(vload(r + W))), act(vload(r + 2 * W)));
-        };
-        V m;
-        if (bottom - top == 3 && right - left == 3) {
-          m = vmax_nan(vmax_nan(three(row), three(row + p.owp * W)), three(row + 2 * p.owp * W));
-        } else {
-          m = vset1(-std::numeric_limits<float>::infinity());
-          for (int64_t cy = top; cy < bottom; ++cy, row += p.owp * W)
-            for (int64_t i = 0; i < right - left; ++i) m = vmax_nan(m, act(vload(row + i * W)));
-        }
-        vstore(pooled + ((y - y0) * p.pw + x) * W, m);
+  const int64_t row = p.owp * W;
+  const V none = vset1(-std::numeric_limits<float>::infinity());
+  for (int64_t y = y0; y < y1; ++y) {
+    const int64_t top = std::max(y * q.sh - q.pt, cy0), bottom = std::min(y * q.sh - q.pt + q.kh, cy1);
+    const float* first_row = out + (top - cy0) * row;
+    float* dst = pooled + (y - y0) * p.pw * W;
+    const auto any_window = [&](int64_t x) {
+      const int64_t left = std::max<int64_t>(x * q.sw - q.pl, 0), right = std::min(x * q.sw - q.pl + q.kw, p.s.ow);
+      if (top >= bottom || left >= right) return vstore(dst + x * W, none);
+      V m = none;
+      for (const float* r = first_row; r < first_row + (bottom - top) * row; r += row)
+        for (int64_t i = left; i < right; ++i) m = vmax_nan(m, tap(vload(r + i * W)));
+      vstore(dst + x * W, finish(m));
+    };
+    // windows 3 wide at stride 2 wholly inside the row: x in [inner0, inner1)
+    const bool shared = bottom - top == 3 && q.kw == 3 && q.sw == 2;
+    const int64_t inner0 = shared ? std::min(ceil_div(q.pl, 2), p.pw) : p.pw;
+    const int64_t fit = p.s.ow + q.pl - 3;  // 2x at most this
+    const int64_t inner1 = shared && fit >= 0 ? std::clamp<int64_t>(fit / 2 + 1, inner0, p.pw) : inner0;
+    for (int64_t x = 0; x < inner0; ++x) any_window(x);
+    if (inner0 < inner1) {
+      const auto column = [&](int64_t c) {
+        const float* r = first_row + c * W;
+        return vmax_nan(vmax_nan(tap(vload(r)), tap(vload(r + row))), tap(vload(r + 2 * row)));
+      };
+      V last = column(2 * inner0 - q.pl);
+      for (int64_t x = inner0; x < inner1; ++x) {
+        const int64_t c = 2 * x - q.pl;
+        const V middle = column(c + 1), next = column(c + 2);
+        vstore(dst + x * W, finish(vmax_nan(vmax_nan(last, middle), next)));
+        last = next;
       }
     }
-  });
+    for (int64_t x = inner1; x < p.pw; ++x) any_window(x);
+  }
+}
+
+// pool_rows with the activation: a clamp (identity, ReLU, clip) is monotone,
+// so it is applied once to each window's maximum (NaN stays NaN either way);
+// any other activation to every tap. (A separate activation pass and a chain
+// of nine maxima a window had cost a third of SqueezeNet's stem.)
+void pool_band(const Grouped& p, const Epilogue& ep, int64_t cy0, int64_t cy1, int64_t y0, int64_t y1,
+               const float* out, float* pooled) {
+  const auto same = [](V v) { return v; };
+  float lo, hi;
+  if (ep.as_clamp(&lo, &hi))
+    ep.visit([&](auto act) { pool_rows(p, same, act, cy0, cy1, y0, y1, out, pooled); });
+  else
+    ep.visit([&](auto act) { pool_rows(p, act, same, cy0, cy1, y0, y1, out, pooled); });
 }
 
 template <int NV, int GP, int KS>

@@ -829,6 +829,9 @@ def test_conv_into_refuses_what_it_cannot_write(algorithm, into, message):
     (2, 3, 20, 17, 3, 2, 1, ((2, 2), (2, 2), ((0, 0), (0, 0))), "relu6"),     # a ragged block of lanes
     (1, 4, 64, 12, 3, 1, 2, ((3, 2), (1, 2), ((1, 0), (0, 1))), "silu"),      # groups, two blocks a task
     (1, 3, 16, 9, 3, 2, 1, ((5, 5), (3, 3), ((2, 2), (2, 2))), None),         # a window past the whole output
+    (1, 3, 32, 23, 3, 2, 1, ((3, 3), (2, 2), ((0, 1), (0, 1))), "relu"),      # SqueezeNet's stem: ceil mode
+    (1, 3, 16, 21, 3, 2, 1, ((3, 3), (2, 2), ((1, 1), (1, 1))), "hard_swish"),  # shared columns, act on each tap
+    (1, 3, 16, 9, 3, 2, 1, ((2, 2), (2, 2), ((0, 3), (0, 3))), "relu"),       # windows wholly in padding: -inf
 ])
 def test_conv_fuses_its_max_pool(n, c, o, size, kernel, stride, groups, pool, activation):
     rng = np.random.default_rng(5)
