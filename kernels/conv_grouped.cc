@@ -243,7 +243,10 @@ void pool_rows(const Grouped& p, Tap tap, Finish finish, int64_t cy0, int64_t cy
     float* dst = pooled + (y - y0) * p.pw * W;
     const auto any_window = [&](int64_t x) {
       const int64_t left = std::max<int64_t>(x * q.sw - q.pl, 0), right = std::min(x * q.sw - q.pl + q.kw, p.s.ow);
-      if (top >= bottom || left >= right) return vstore(dst + x * W, none);
+      if (top >= bottom || left >= right) {
+        vstore(dst + x * W, none);
+        return;
+      }
       V m = none;
       for (const float* r = first_row; r < first_row + (bottom - top) * row; r += row)
         for (int64_t i = left; i < right; ++i) m = vmax_nan(m, tap(vload(r + i * W)));
@@ -273,8 +276,8 @@ void pool_rows(const Grouped& p, Tap tap, Finish finish, int64_t cy0, int64_t cy
 }
 
 // pool_rows with the activation: a clamp (identity, ReLU, clip) is monotone,
-// so it is applied once to each window's maximum (NaN stays NaN either way);
-// any other activation to every tap. (A separate activation pass and a chain
+// so it is applied once to each window's maximum (NaN stays NaN either way;
+// a zero's sign may differ); any other activation to every tap. (A separate activation pass and a chain
 // of nine maxima a window had cost a third of SqueezeNet's stem.)
 void pool_band(const Grouped& p, const Epilogue& ep, int64_t cy0, int64_t cy1, int64_t y0, int64_t y1,
                const float* out, float* pooled) {

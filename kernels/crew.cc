@@ -17,7 +17,7 @@
 // core idles; the two then time-share one core. Seen on this project's 2-core
 // virtual machines after ONNX Runtime had run in the same process: the helper
 // took no task in two calls of three, and SqueezeNet's median run took 3.06 ms
-// against 1.83 once the helper was elsewhere.
+// against 1.81-1.85 once the helper moved off.
 #include <condition_variable>
 #include <pthread.h>
 #include <sched.h>
