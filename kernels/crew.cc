@@ -40,7 +40,7 @@ void step_aside() {
   const int cpu = caller_cpu.load(std::memory_order_relaxed);
   if (cpu < 0 || sched_getcpu() != cpu) return;
   cpu_set_t allowed;
-  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < 2) return;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
   cpu_set_t elsewhere = allowed;
   CPU_CLR(cpu, &elsewhere);
   if (CPU_COUNT(&elsewhere) > 0 && sched_setaffinity(0, sizeof elsewhere, &elsewhere) == 0)

@@ -103,8 +103,8 @@ def test_a_helper_on_the_callers_core_moves_off_it():
     # another core idles; the two then share one core (twice the time). Put
     # there by hand, on an idle machine, a helper without step_aside left in
     # 0, 2 and 4 attempts of 20 (the scheduler moved it), with it in 20 of 20
-    # (under another process's load, the scheduler may move it back now and
-    # then: 24 of 25).
+    # (beside a process spinning on a core, the scheduler moved it back in one
+    # attempt of five runs' attempts).
     x = jax.device_put(RNG.standard_normal((1, 16, 40, 40), dtype=np.float32))  # run on this thread
     _layers(x).block_until_ready()
     cores = os.sched_getaffinity(0)
