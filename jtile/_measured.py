@@ -32,6 +32,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
+from ._cpu import cpu_field
 from ._errors import ConfigError
 from ._interpreter import bind
 from ._layers import Layer
@@ -53,11 +54,7 @@ def _machine_key() -> str:
     from .kernels import LIBRARY_PATH
 
     digest = hashlib.blake2b(digest_size=8)
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line for line in f if line.startswith("model name")), platform.processor())
-    except OSError:
-        model = platform.processor()
+    model = cpu_field("model name") or platform.processor()
     digest.update(f"{model}|{len(os.sched_getaffinity(0))}|{jax.__version__}".encode())
     if os.path.exists(LIBRARY_PATH):
         with open(LIBRARY_PATH, "rb") as f:

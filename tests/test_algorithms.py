@@ -11,6 +11,7 @@ from jax import lax
 
 import jtile
 import jtile.onnx
+from jtile import _algorithm_kinds
 from jtile.algorithms import algorithm_names, layer_kinds, swap_backend, swap_conv2d
 from jtile.fusion import fuse
 
@@ -207,10 +208,13 @@ def test_auto_runs_image_stems_on_vectors_of_output_channels(getkey, tree_allclo
     (3, 64, 3, 1, 28, "smm", "smm"),  # the image's 3 channels at stride 1
     (64, 64, 1, 1, 28, "smm", "smm"),  # 1x1
 ])
-def test_auto_takes_vectors_of_output_channels_for_convs_with_few_weights(getkey, tree_allclose, channels, out,
-                                                                           kernel, stride, side, target,
-                                                                           avx2_target):
-    """Measured with AVX-512; with AVX2's 8 lanes im2col + GEMM and Winograd keep these layers."""
+@pytest.mark.parametrize("vendor", ["AuthenticAMD", "GenuineIntel"])
+def test_auto_takes_vectors_of_output_channels_for_convs_with_few_weights(getkey, tree_allclose, monkeypatch,
+                                                                           channels, out, kernel, stride, side,
+                                                                           target, avx2_target, vendor):
+    """Measured with AVX-512 on AMD; with AVX2's 8 lanes im2col + GEMM and Winograd keep these layers, and
+    on Intel Winograd takes the 3x3s of 64 channels or more at 13x13 and 14x14."""
+    monkeypatch.setattr(_algorithm_kinds, "cpu_field", lambda field: vendor if field == "vendor_id" else "")
     x = jax.random.normal(getkey(), (1, channels, side, side))
     w = jax.random.normal(getkey(), (out, channels, kernel, kernel)) * 0.1
 
@@ -218,7 +222,9 @@ def test_auto_takes_vectors_of_output_channels_for_convs_with_few_weights(getkey
         return jax.nn.relu(_conv(x, w, stride=stride, padding=kernel // 2))
 
     swapped = swap_backend(layer, algorithms="auto")
-    expected = target if jtile.kernels.vector_lanes() == 16 else avx2_target
+    intel_winograd = (vendor == "GenuineIntel" and kernel == 3 and stride == 1 and side in (13, 14)
+                      and min(channels, out) >= 64)
+    expected = avx2_target if jtile.kernels.vector_lanes() != 16 else "winograd" if intel_winograd else target
     assert f"jtile_conv_{expected}" in str(jax.make_jaxpr(swapped)(x, w))
     assert tree_allclose(jax.jit(swapped)(x, w), layer(x, w), rtol=RTOL, atol=ATOL)
 

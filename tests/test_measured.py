@@ -7,7 +7,7 @@ import pytest
 from jax import lax
 
 import jtile
-from jtile import _measured
+from jtile import _cpu, _measured
 from jtile.algorithms import swap_backend
 
 NCHW = ("NCHW", "OIHW", "NCHW")
@@ -85,3 +85,11 @@ def test_cache_directory_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert _measured.cache_dir() == str(tmp_path / "jtile")
     assert _measured.cache_path().startswith(str(tmp_path / "jtile" / "measured-"))
+
+
+@pytest.mark.parametrize("field", ["model name", "vendor_id", "no such field"])
+def test_the_cpu_fields_are_read_from_proc_cpuinfo(field):
+    """What the cache key and the Intel rule of `auto` read: the first CPU's line, stripped, or ''."""
+    with open("/proc/cpuinfo") as f:
+        found = re.search(rf"^{field}\s*:(.*)$", f.read(), re.MULTILINE)
+    assert _cpu.cpu_field(field) == (found.group(1).strip() if found else "")
