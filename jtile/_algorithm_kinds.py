@@ -453,19 +453,20 @@ def _direct_beats_gemm(layer: Layer) -> bool:
 
 
 def _winograd_first_on_intel(layer: Layer, out_side: int) -> bool:
-    """A 3x3 stride-1 conv to 13x13 or 14x14 outputs, of at least 64 channels
-    in and out, on an Intel CPU, where Winograd beats `grouped`, as it does
-    with AVX2 (the rules above were measured on AMD Zen 4 and 5). On a 2-core
-    Xeon (family 6 model 207, AVX-512, 2 FMA units), alone: 256->256 at
-    14x14 1.30 ms against `grouped`'s 1.77 (ONNX Runtime 1.32); inside
-    models, ONNX Runtime's time over jtile's (the median of 25 interleaved
-    rounds' ratios) with this rule and without: ResNet-50 0.948 against
-    0.893, ResNet-18 1.120 against 1.057, GoogLeNet 0.981 against 0.964,
-    DeepLabV3 0.907 against 0.848, SqueezeNet 0.863 against 0.868 (its
-    64->256 at 13x13)."""
+    """A 3x3 stride-1 conv to 13x13 or 14x14 outputs, of at least 128
+    channels in and out, on an Intel CPU, where Winograd beats `grouped`, as
+    it does with AVX2 (the rules above were measured on AMD Zen 4 and 5). On
+    a 2-core Xeon (family 6 model 207, AVX-512, 2 FMA units), alone: 256->256
+    at 14x14 1.30 ms against `grouped`'s 1.77 (ONNX Runtime 1.32). Inside
+    models, ONNX Runtime's time over jtile's (the median of 25-30 interleaved
+    rounds' ratios) with Winograd and without: ResNet-50 0.948 against 0.893,
+    ResNet-18 1.120 against 1.057, AlexNet 1.120 against 1.037, DeepLabV3
+    0.907 against 0.848; GoogLeNet (96 to 160 channels in) level, 1.034 and
+    1.009 with 128 and 96 as the least against 1.003; but SqueezeNet's 64->256
+    at 13x13 lost (0.802 against 0.858; one thread 0.853 against 0.886)."""
     return (
         13 <= out_side <= 14
-        and min(layer.in_channels, layer.out_channels) >= 64
+        and min(layer.in_channels, layer.out_channels) >= 128
         and cpu_field("vendor_id") == "GenuineIntel"
     )
 

@@ -203,6 +203,8 @@ def test_auto_runs_image_stems_on_vectors_of_output_channels(getkey, tree_allclo
     # at 16x16 and below a 4x4 Winograd tile is mostly edge (SqueezeNet's, GoogLeNet's)
     (48, 192, 3, 1, 13, "grouped", "winograd"),
     (96, 208, 3, 1, 14, "grouped", "winograd"),  # 13 vectors of outputs: pairs and a single
+    (128, 256, 3, 1, 14, "grouped", "winograd"),
+    (64, 256, 3, 1, 13, "grouped", "winograd"),  # SqueezeNet's
     (32, 128, 3, 1, 27, "winograd", "winograd"),  # ... but not at 27x27
     (64, 64, 3, 1, 28, "winograd", "winograd"),
     (3, 64, 3, 1, 28, "smm", "smm"),  # the image's 3 channels at stride 1
@@ -213,7 +215,7 @@ def test_auto_takes_vectors_of_output_channels_for_convs_with_few_weights(getkey
                                                                            channels, out, kernel, stride, side,
                                                                            target, avx2_target, vendor):
     """Measured with AVX-512 on AMD; with AVX2's 8 lanes im2col + GEMM and Winograd keep these layers, and
-    on Intel Winograd takes the 3x3s of 64 channels or more at 13x13 and 14x14."""
+    on Intel Winograd takes the 3x3s of 128 channels or more at 13x13 and 14x14."""
     monkeypatch.setattr(_algorithm_kinds, "cpu_field", lambda field: vendor if field == "vendor_id" else "")
     x = jax.random.normal(getkey(), (1, channels, side, side))
     w = jax.random.normal(getkey(), (out, channels, kernel, kernel)) * 0.1
@@ -223,7 +225,7 @@ def test_auto_takes_vectors_of_output_channels_for_convs_with_few_weights(getkey
 
     swapped = swap_backend(layer, algorithms="auto")
     intel_winograd = (vendor == "GenuineIntel" and kernel == 3 and stride == 1 and side in (13, 14)
-                      and min(channels, out) >= 64)
+                      and min(channels, out) >= 128)
     expected = avx2_target if jtile.kernels.vector_lanes() != 16 else "winograd" if intel_winograd else target
     assert f"jtile_conv_{expected}" in str(jax.make_jaxpr(swapped)(x, w))
     assert tree_allclose(jax.jit(swapped)(x, w), layer(x, w), rtol=RTOL, atol=ATOL)
