@@ -287,7 +287,7 @@ inline float vmax_lanes(V x) { return vfold_lanes(x, vmax_nan); }
 // (workers 1, 2, ...: the threads of jtile's crew, kernels/crew.cc, one per
 // core beside the caller's, as XLA's pool has). No two calls with the same
 // worker run at once, so a worker may own buffers (see Workspace). Indices are
-// claimed from a shared counter, so the result is correct whether a helper
+// claimed from shared counters, so the result is correct whether a helper
 // joins at once, late, or never. The caller waits only for indices that were
 // claimed; a helper that starts after all work is done touches nothing but
 // the shared counters it co-owns.
@@ -298,21 +298,37 @@ namespace detail {
 // Indices are claimed in guided chunks (a 2 * parties-th of what is left, at
 // least one): a kernel of many tiny tasks (a global pool over 1280 planes of
 // 7x7) pays for a few dozen contended atomics instead of two per index, and
-// the last chunks stay small enough to balance uneven tasks.
+// the last chunks stay small enough to balance uneven tasks. The caller
+// claims from the front, helpers from the back, so on two cores each keeps
+// its end of the index range from call to call, and a layer's tasks tend to
+// read what the same core wrote (on a 2-core Xeon, in alternating rounds of
+// one process, each model's median ratio to ONNX Runtime against one shared
+// front: SqueezeNet 0.892 against 0.870, MobileNetV2 0.939 against 0.917,
+// DeepLabV3 0.917 against 0.887, ResNet-50 0.937 against 0.915,
+// MobileNetV3 and EfficientNet-B0 +0.01). The range lives in one word, its
+// front in the low half, so a claim is one compare-exchange.
 struct ForState {
-  std::atomic<int64_t> next{0};
+  static constexpr int64_t kMaxIndices = int64_t(1) << 31;  // parallel_for splits longer ranges
+  std::atomic<uint64_t> range{0};
   std::atomic<int64_t> done{0};
-  int64_t n = 0, parties = 1;
+  int64_t parties = 1;
   void (*call)(void*, int64_t, int) = nullptr;
   void* fn = nullptr;
 
+  void start(int64_t n) { range.store(uint64_t(n) << 32, std::memory_order_relaxed); }
+
   void drain(int worker) {
-    for (int64_t start = next.load(std::memory_order_relaxed); start < n;) {
-      const int64_t end = start + std::max<int64_t>(1, (n - start) / (2 * parties));
-      if (!next.compare_exchange_weak(start, end, std::memory_order_relaxed)) continue;
-      for (int64_t i = start; i < end; ++i) call(fn, i, worker);
-      done.fetch_add(end - start, std::memory_order_release);
-      start = next.load(std::memory_order_relaxed);
+    const bool from_back = worker > 0;
+    for (uint64_t r = range.load(std::memory_order_relaxed);;) {
+      const int64_t front = int64_t(uint32_t(r)), back = int64_t(r >> 32);
+      if (front >= back) return;
+      const int64_t take = std::max<int64_t>(1, (back - front) / (2 * parties));
+      const int64_t first = from_back ? back - take : front;
+      const uint64_t rest = from_back ? uint64_t(first) << 32 | uint64_t(front) : uint64_t(back) << 32 | uint64_t(front + take);
+      if (!range.compare_exchange_weak(r, rest, std::memory_order_relaxed)) continue;
+      for (int64_t i = first; i < first + take; ++i) call(fn, i, worker);
+      done.fetch_add(take, std::memory_order_release);
+      r = range.load(std::memory_order_relaxed);
     }
   }
 };
@@ -324,9 +340,10 @@ void crew_offer(const std::shared_ptr<ForState>& state, int helpers);
 template <typename F>
 void parallel_for(ffi::ThreadPool& pool, int64_t n, F&& fn) {
   if (n <= 0) return;
-  auto invoke = [&fn](int64_t i, int worker) {
-    if constexpr (std::is_invocable_v<F&, int64_t, int>) fn(i, worker);
-    else fn(i);
+  int64_t base = 0;  // of the section running: ForState counts at most kMaxIndices
+  auto invoke = [&fn, &base](int64_t i, int worker) {
+    if constexpr (std::is_invocable_v<F&, int64_t, int>) fn(base + i, worker);
+    else fn(base + i);
   };
   const int helpers = (int)std::min<int64_t>(workers(pool) - 1, n - 1);
   if (helpers <= 0) {
@@ -334,14 +351,17 @@ void parallel_for(ffi::ThreadPool& pool, int64_t n, F&& fn) {
     return;
   }
   using Invoke = decltype(invoke);
-  auto state = std::make_shared<detail::ForState>();
-  state->n = n;
-  state->parties = helpers + 1;
-  state->fn = &invoke;
-  state->call = [](void* f, int64_t i, int worker) { (*static_cast<Invoke*>(f))(i, worker); };
-  detail::crew_offer(state, helpers);
-  state->drain(0);
-  while (state->done.load(std::memory_order_acquire) < n) std::this_thread::yield();
+  for (; base < n; base += detail::ForState::kMaxIndices) {
+    const int64_t count = std::min(n - base, detail::ForState::kMaxIndices);
+    auto state = std::make_shared<detail::ForState>();
+    state->start(count);
+    state->parties = helpers + 1;
+    state->fn = &invoke;
+    state->call = [](void* f, int64_t i, int worker) { (*static_cast<Invoke*>(f))(i, worker); };
+    detail::crew_offer(state, helpers);
+    state->drain(0);
+    while (state->done.load(std::memory_order_acquire) < count) std::this_thread::yield();
+  }
 }
 
 // ---------------------------------------------------------------------------
