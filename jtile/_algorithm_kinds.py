@@ -407,6 +407,7 @@ def _conv_preference(eqn, layer: Layer) -> tuple[str, ...]:
     out_spec = eqn.params["dimension_numbers"][2]
     out_side = min(layer.out_shape[d] for d in out_spec[2:])
     direct = ("grouped",) if _direct_beats_gemm(layer) else ()
+    intel_winograd = _winograd_first_on_intel(layer, out_side)
     winograd = (
         layer.kernel_size == (3, 3)
         and layer.stride == (1, 1)
@@ -415,12 +416,11 @@ def _conv_preference(eqn, layer: Layer) -> tuple[str, ...]:
         # with AVX-512, under 28x28 outputs, at most 2 MB of weights as 4x4 tiles: inside ResNet-50, its
         # 256->256 at 14x14 (4 MB so) took 692-715 us against grouped's 569-575 (on a Zen 5)
         and (out_side >= 28 or 64 * layer.in_channels * layer.out_channels <= 2 * 2**20 or not _wide_vectors()
-             or _winograd_first_on_intel(layer, out_side))
+             or intel_winograd)
     )
     if not winograd:
         return (*direct, "smm")
-    direct_first = ((layer.out_channels <= 32 and out_side <= 28) or out_side <= 16) and not _winograd_first_on_intel(
-        layer, out_side)
+    direct_first = ((layer.out_channels <= 32 and out_side <= 28) or out_side <= 16) and not intel_winograd
     return (*direct, "winograd", "smm") if direct_first else ("winograd", *direct, "smm")
 
 
