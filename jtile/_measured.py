@@ -35,6 +35,7 @@ import numpy as np
 from ._cpu import cpu_field
 from ._errors import ConfigError
 from ._interpreter import bind
+from ._jit import embedding_any_constant
 from ._layers import Layer
 
 XLA = "default"
@@ -111,7 +112,7 @@ def _seconds(fn: Callable, args: list) -> float:
 def _time(eqn, known: list, run: Callable | None, producers) -> float:
     """Seconds of one call of the layer: random activations as arguments, and
     the operands `known` at trace time (folded weights) as constants, as in
-    the real function."""
+    the real function under `jtile.jit` (embedded, whatever their size)."""
     rng = np.random.default_rng(0)
     fresh = [np.asarray(rng.standard_normal(v.aval.shape), v.aval.dtype) for v in eqn.invars]
     moving = [i for i, x in enumerate(known) if x is None]
@@ -125,7 +126,7 @@ def _time(eqn, known: list, run: Callable | None, producers) -> float:
             return out if eqn.primitive.multiple_results else out[0]
         return run(eqn, *values, producers=producers)
 
-    with jax.ensure_compile_time_eval():
+    with jax.ensure_compile_time_eval(), embedding_any_constant():
         return _seconds(jax.jit(call), [fresh[i] for i in moving])
 
 
