@@ -1,14 +1,16 @@
 """`jtile.jit`: compile a function with its closed-over arrays passed in.
 
 `fold_params` and `swap_backend` turn weights into arrays the function closes
-over (folded batch norm, packed GEMM strips). `jax.jit` embeds such constants
-in every executable it compiles, so each new input shape pays for its own copy
-of the weights (ResNet-18: 50-80 MB a shape). `jtile.jit` traces the function
-once per argument signature, then compiles its jaxpr with the closed-over
-arrays as arguments: every shape's executable reads the same buffers.
+over (folded batch norm, packed GEMM strips). `jax.jit` before jax 0.12
+embeds such constants in every executable it compiles, so each new input
+shape pays for its own copy of the weights (ResNet-18: 50-80 MB a shape).
+`jtile.jit` traces the function once per argument signature, then compiles its
+jaxpr with the closed-over arrays as arguments: every shape's executable reads
+the same buffers.
 
-One kind of constant stays embedded: the weight of a conv or dense op that XLA
-runs itself (not a C kernel). XLA lays such weights out for its own conv at
+Two kinds of constant stay embedded: arrays of at most 1 KB (biases, scales:
+one executable argument fewer each), and the weight of a conv or dense op that
+XLA runs itself (not a C kernel): XLA lays those out for its own conv at
 compile time; passed in, they would be re-laid on every call (ResNet-18 folded
 but not swapped: twice as slow). A function on the kernels
 (`swap_backend(fold_params(...))`) hoists nearly every weight. From jax 0.12,
@@ -39,10 +41,16 @@ from ._interpreter import Traced, eval_jaxpr
 from ._registry import facet
 
 
-def _read_by_xla_as_weight(const: Value) -> bool:
-    """Whether a conv or dense op that XLA runs itself (one with a registered
-    geometry, not a C kernel) reads `const`."""
-    return any(facet(op.eqn, "geometry") is not None for op in const.consumers)
+_SMALL_BYTES = 1024
+
+
+def _embedded(value: Value, const) -> bool:
+    """Whether `const` stays in the executable: the weight of a conv or dense
+    op that XLA runs itself (one with a registered geometry, not a C kernel),
+    or an array of at most 1 KB (a bias or scale; jax embeds those too), one
+    argument fewer a call."""
+    small = const.nbytes <= _SMALL_BYTES
+    return small or any(facet(op.eqn, "geometry") is not None for op in value.consumers)
 
 
 def embedding_any_constant() -> contextlib.AbstractContextManager:
@@ -68,7 +76,7 @@ def _compile(traced: Traced, placed: dict) -> tuple[Callable, list]:
     """The executable's function and the constants it takes as arguments;
     `placed` holds the device copies of host constants, shared by shapes."""
     closed = traced.jaxpr
-    embedded = [_read_by_xla_as_weight(v) for v in Graph.of(closed).consts]
+    embedded = [_embedded(v, c) for v, c in zip(Graph.of(closed).consts, closed.consts)]
     kept = [c for c, e in zip(closed.consts, embedded) if e]
     hoisted = [_on_device(c, placed) for c, e in zip(closed.consts, embedded) if not e]
 

@@ -45,9 +45,11 @@ def test_weights_xla_lays_out_stay_embedded(params, getkey):
     folded = fold_params(_net, params)
     x = jax.random.normal(getkey(), (2, 3, 8, 8))
     assert _argument_bytes(jtile.jit, folded, x) == x.nbytes
-    mask = jax.random.uniform(getkey(), (3, 8, 8))
-    masked = fold_params(lambda p, x: _net(p, x * p["mask"]), {**params, "mask": mask})
-    assert _argument_bytes(jtile.jit, masked, x) == x.nbytes + mask.nbytes
+    mask, shift = jax.random.uniform(getkey(), (3, 8, 8)), jax.random.uniform(getkey(), (3, 8, 8))
+    assert mask.nbytes + shift.nbytes > 1024 >= mask.nbytes
+    both = {**params, "mask": mask, "shift": shift}
+    masked = fold_params(lambda p, x: _net(p, x * p["mask"] + jnp.stack([p["shift"]] * 2)), both)
+    assert _argument_bytes(jtile.jit, masked, x) == x.nbytes + 2 * shift.nbytes
 
 
 def test_shapes_share_one_copy_of_each_weight(params, getkey):
@@ -103,9 +105,9 @@ def test_summary_sees_through_it(params, getkey):
 
 
 def test_host_constants_are_copied_to_the_device_once(getkey, tree_allclose):
-    mask = np.asarray(jax.random.uniform(getkey(), (16, 16)))
+    mask = np.asarray(jax.random.uniform(getkey(), (32, 32)))
     compiled = jtile.jit(lambda x: jnp.tanh(x * mask))
-    xs = [jax.random.normal(getkey(), (batch, 16, 16)) for batch in (1, 2)]
+    xs = [jax.random.normal(getkey(), (batch, 32, 32)) for batch in (1, 2)]
     for x in xs:
         compiled(x)
     with jax.transfer_guard_host_to_device("disallow"):
