@@ -1,6 +1,7 @@
 """The kernels' helper threads (kernels/crew.cc): one per core beside the caller,
-started once, asleep soon after the last call, off the caller's core, and right
-under concurrent callers."""
+started once, asleep soon after the last call, off the caller's core (awake, and
+barred from it asleep, so that they wake elsewhere), and right under concurrent
+callers."""
 
 import os
 import sys
@@ -123,3 +124,27 @@ def test_a_helper_on_the_callers_core_moves_off_it():
     finally:
         os.sched_setaffinity(0, cores)
     assert moved >= 7, f"the helpers left the caller's core in {moved} attempts of 10"
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_a_sleeping_helper_is_barred_from_the_callers_core_and_free_awake():
+    # Woken on the busy caller's core, a helper waited there for about a
+    # millisecond before it could step aside, and the kernels ran on one core.
+    x = jax.device_put(RNG.standard_normal((1, 16, 40, 40), dtype=np.float32))  # run on this thread
+    cores = os.sched_getaffinity(0)
+    caller_core = min(cores)
+    try:
+        os.sched_setaffinity(0, {caller_core})  # this thread only
+        _layers(x).block_until_ready()
+        time.sleep(0.05)  # past the helpers' 2 ms of polling: asleep
+        asleep = {helper: os.sched_getaffinity(int(helper)) for helper in _crew_stat()}
+        for _ in range(100):  # wakes them; they poll for 2 ms after each call
+            _layers(x).block_until_ready()
+            awake = {helper: os.sched_getaffinity(int(helper)) for helper in _crew_stat()}
+            if awake == dict.fromkeys(asleep, cores):
+                break
+    finally:
+        os.sched_setaffinity(0, cores)
+    assert len(asleep) == len(cores) - 1
+    assert asleep == dict.fromkeys(asleep, cores - {caller_core}), asleep
+    assert awake == dict.fromkeys(asleep, cores), awake
