@@ -10,6 +10,7 @@ from . import onnx as onnx
 from ._errors import ConfigError as ConfigError
 from ._errors import JtileError as JtileError
 from ._errors import KernelsUnavailableWarning as KernelsUnavailableWarning
+from ._errors import StaleKernelsWarning as StaleKernelsWarning
 from ._errors import OnnxError as OnnxError
 from ._errors import UnsupportedError as UnsupportedError
 from ._graph import Graph as Graph
@@ -32,7 +33,7 @@ from .spatial import tile_spatial as tile_spatial
 
 __all__ = [
     "ConfigError", "JtileError", "KernelsUnavailableWarning", "Graph", "Layer", "OnnxError", "Summary",
-    "Schedule", "UnsupportedError", "__version__", "algorithms", "fold_params", "fuse", "fusion", "graph", "intercept",
+    "Schedule", "StaleKernelsWarning", "UnsupportedError", "__version__", "algorithms", "fold_params", "fuse", "fusion", "graph", "intercept",
     "jit", "kernels", "models", "onnx", "schedule", "shard_spatial", "split_gemm", "summary", "swap_backend",
     "swap_conv2d", "tile_conv", "tile_spatial",
 ]

@@ -35,6 +35,13 @@ class KernelsUnavailableWarning(UserWarning):
     __module__ = "jtile"
 
 
+class StaleKernelsWarning(UserWarning):
+    """The kernel library loaded is older than the kernel sources of the
+    checkout being run: it may not be what those sources say."""
+
+    __module__ = "jtile"
+
+
 def reject_unknown(where: str, unknown: dict, known: tuple[str, ...]) -> None:
     """Raise `ConfigError` naming the unknown keywords and the valid ones."""
     if unknown:

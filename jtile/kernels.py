@@ -9,8 +9,10 @@ that build only. Importing never fails: if the library is missing, calling a
 kernel raises `UnsupportedError` saying how to build it, and `"auto"`
 selectors warn once (`KernelsUnavailableWarning`) and keep XLA. A library
 found in the installed distribution was built from that install's sources: if
-the checkout being run has newer kernels, rebuild (a missing handler symbol is
-reported as a stale build).
+the checkout being run has newer kernels, rebuild. Run from a checkout, the
+import warns (`StaleKernelsWarning`) when the library it loads, unless
+`JTILE_KERNELS_LIB` chose it, is older than a file of the checkout's
+`kernels/` sources; a missing handler symbol is reported as a stale build.
 
 Every kernel computes in float32 (any other dtype raises `UnsupportedError`;
 cast, or leave that layer to XLA), works under `jax.jit`, and differentiates
@@ -87,6 +89,7 @@ import importlib.metadata
 import math
 import operator
 import os
+import pathlib
 import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -98,7 +101,7 @@ from jax import lax
 
 from . import _call_times, _registry
 from ._call_times import CallTimes, KernelCall
-from ._errors import ConfigError, KernelsUnavailableWarning, UnsupportedError
+from ._errors import ConfigError, KernelsUnavailableWarning, StaleKernelsWarning, UnsupportedError
 from ._fused import activate, describe_as, element_macs
 from ._interpreter import eager_if_known, is_known, on_host, shared, to_device
 from ._regions import SlidingWindow
@@ -208,6 +211,37 @@ def _open_library(paths: list[str]) -> tuple[str, ctypes.CDLL | None, str]:
     return paths[0], None, "; ".join(errors)
 
 
+def _newer_sources(library: str, checkout: str) -> list[str]:
+    """The kernel sources (`*.cc`, `*.h`, `CMakeLists.txt` in `checkout`'s
+    `kernels/` directory) modified after `library` was, newest first; empty if
+    `checkout` has no such directory (an installed package)."""
+    sources = pathlib.Path(checkout, "kernels")
+    if not sources.is_dir():
+        return []
+    built = os.path.getmtime(library)
+    files = [f for f in sources.iterdir() if f.suffix in (".cc", ".h") or f.name == "CMakeLists.txt"]
+    newer = [f for f in files if f.stat().st_mtime > built]
+    return [str(f) for f in sorted(newer, key=lambda f: f.stat().st_mtime, reverse=True)]
+
+
+def _warn_if_stale(library: str) -> None:
+    """Warn with `StaleKernelsWarning` if the checkout this module runs from has
+    kernel sources newer than `library`, unless `$JTILE_KERNELS_LIB` chose it."""
+    if os.environ.get(LIBRARY_ENV):
+        return
+    newer = _newer_sources(library, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if newer:
+        more = f" and {len(newer) - 1} more" if len(newer) > 1 else ""
+        warnings.warn(
+            f"the jtile kernels loaded from {library} are older than {newer[0]}{more}, so they may "
+            f"not be what the sources say; rebuild them (`pip install -e .`, or "
+            f"`kernels/dev_build.sh` for the build next to jtile/kernels.py, which is looked for "
+            f"first), or delete a development build you no longer use",
+            StaleKernelsWarning,
+            stacklevel=2,
+        )
+
+
 def _load_library() -> tuple[str, dict[str, str]]:
     """Load the library and register its targets; return its path and
     `{target: why it is unavailable}` for targets that could not be registered."""
@@ -215,6 +249,7 @@ def _load_library() -> tuple[str, dict[str, str]]:
     if library is None:
         reason = f"the jtile kernels are not built ({error}); {_BUILD_HINT}"
         return path, dict.fromkeys(_TARGETS, reason)
+    _warn_if_stale(path)
     missing = {}
     for target, symbol in _TARGETS.items():
         handler = getattr(library, symbol, None)

@@ -51,7 +51,7 @@ def test_kernels_module_exports_no_imported_modules():
 
 def test_exceptions_are_reexported_and_print_as_jtile_names():
     for cls in (jtile.JtileError, jtile.ConfigError, jtile.UnsupportedError, jtile.OnnxError,
-                jtile.KernelsUnavailableWarning):
+                jtile.KernelsUnavailableWarning, jtile.StaleKernelsWarning):
         assert cls.__module__ == "jtile" and getattr(jtile, cls.__name__) is cls
         assert repr(cls) == f"<class 'jtile.{cls.__name__}'>"
     error = pickle.loads(pickle.dumps(jtile.ConfigError("bad tiles")))
@@ -174,6 +174,50 @@ def test_library_falls_back_to_the_next_candidate_and_says_where_it_looked(tmp_p
     path, library, error = kernels._open_library([missing, str(tmp_path / "other.so")])
     assert library is None and path == missing
     assert missing in error and str(tmp_path / "other.so") in error
+
+
+def _checkout_with_a_library(tmp_path, sources: dict[str, int], library_mtime: int) -> pathlib.Path:
+    """A fake checkout: `kernels/` files with the given mtimes, and a library file."""
+    (tmp_path / "kernels").mkdir()
+    for name, mtime in sources.items():
+        (tmp_path / "kernels" / name).write_text("// source")
+        os.utime(tmp_path / "kernels" / name, (mtime, mtime))
+    library = tmp_path / "jtile" / "libjtile_kernels.so"
+    library.parent.mkdir()
+    library.write_bytes(b"")
+    os.utime(library, (library_mtime, library_mtime))
+    return library
+
+
+def test_kernel_sources_newer_than_the_library_are_listed_newest_first(tmp_path):
+    library = _checkout_with_a_library(
+        tmp_path, {"a.cc": 2000, "b.h": 500, "CMakeLists.txt": 3000, "dev_build.sh": 4000}, 1000)
+    newer = kernels._newer_sources(str(library), str(tmp_path))
+    assert newer == [str(tmp_path / "kernels" / "CMakeLists.txt"), str(tmp_path / "kernels" / "a.cc")]
+    os.utime(library, (5000, 5000))
+    assert kernels._newer_sources(str(library), str(tmp_path)) == []
+    assert kernels._newer_sources(str(library), str(tmp_path / "jtile")) == []  # no kernels/: installed
+
+
+def test_a_library_older_than_the_checkouts_kernels_warns_how_to_rebuild(monkeypatch, tmp_path):
+    library = _checkout_with_a_library(tmp_path, {"crew.cc": 2000, "pool.cc": 1500}, 1000)
+    monkeypatch.setattr(kernels, "__file__", str(tmp_path / "jtile" / "kernels.py"))
+    monkeypatch.delenv(kernels.LIBRARY_ENV, raising=False)
+    with pytest.warns(jtile.StaleKernelsWarning, match=r"older than .*crew\.cc and 1 more.*rebuild") as caught:
+        kernels._warn_if_stale(str(library))
+    assert len(caught) == 1 and str(library) in str(caught[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        monkeypatch.setenv(kernels.LIBRARY_ENV, str(library))  # chosen on purpose: no warning
+        kernels._warn_if_stale(str(library))
+        monkeypatch.delenv(kernels.LIBRARY_ENV)
+        os.utime(library, (3000, 3000))
+        kernels._warn_if_stale(str(library))
+
+
+def test_the_loaded_library_is_not_older_than_this_checkouts_kernels():
+    # Tests run from a checkout test the kernels its sources say, not an older build.
+    assert kernels._newer_sources(kernels.LIBRARY_PATH, str(ROOT)) == []
 
 
 def test_auto_warns_once_when_kernels_are_unavailable_and_explicit_requests_raise(monkeypatch, getkey, tree_allclose):
