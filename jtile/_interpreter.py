@@ -208,6 +208,8 @@ def to_device(x):
 
 _SHARED: "weakref.WeakValueDictionary[tuple, jax.Array]" = weakref.WeakValueDictionary()
 
+SMALL_CONSTANT_BYTES = 1024  # `jtile.jit` embeds closed-over arrays this small, as jax does
+
 
 def shared(x):
     """`x`, or an equal known array made earlier and still alive.
@@ -215,9 +217,11 @@ def shared(x):
     Folded and packed weights are computed again on every trace (one per input
     shape); through `shared` every trace hands jax the same array objects, so
     with hoisted constants (`jtile.jit`) all the
-    executables of a function share one copy of the weights.
+    executables of a function share one copy of the weights. Arrays of at most
+    `SMALL_CONSTANT_BYTES` stay embedded in each executable, so they are not
+    looked up.
     """
-    if not isinstance(x, jax.Array) or not is_known(x) or x.nbytes < 1024:
+    if not isinstance(x, jax.Array) or not is_known(x) or x.nbytes <= SMALL_CONSTANT_BYTES:
         return x
     data = np.asarray(x)
     key = (data.shape, data.dtype.str, hashlib.blake2b(np.ascontiguousarray(data), digest_size=16).digest())

@@ -37,20 +37,17 @@ from jax._src import config as jax_config
 
 from ._errors import ConfigError, reject_unknown
 from ._graph import Graph, Value
-from ._interpreter import Traced, eval_jaxpr
+from ._interpreter import SMALL_CONSTANT_BYTES, Traced, eval_jaxpr
 from ._registry import facet
 
 
-_SMALL_BYTES = 1024
-
-
-def _embedded(value: Value, const) -> bool:
-    """Whether `const` stays in the executable: the weight of a conv or dense
-    op that XLA runs itself (one with a registered geometry, not a C kernel),
-    or an array of at most 1 KB (a bias or scale; jax embeds those too), one
-    argument fewer a call."""
-    small = const.nbytes <= _SMALL_BYTES
-    return small or any(facet(op.eqn, "geometry") is not None for op in value.consumers)
+def _embedded(const: Value) -> bool:
+    """Whether the constant `const` stays in the executable: the weight of a
+    conv or dense op that XLA runs itself (one with a registered geometry, not
+    a C kernel), or an array of at most `SMALL_CONSTANT_BYTES` (a bias or
+    scale; jax embeds those too), one argument fewer a call."""
+    small = const.nbytes <= SMALL_CONSTANT_BYTES
+    return small or any(facet(op.eqn, "geometry") is not None for op in const.consumers)
 
 
 def embedding_any_constant() -> contextlib.AbstractContextManager:
@@ -76,7 +73,7 @@ def _compile(traced: Traced, placed: dict) -> tuple[Callable, list]:
     """The executable's function and the constants it takes as arguments;
     `placed` holds the device copies of host constants, shared by shapes."""
     closed = traced.jaxpr
-    embedded = [_embedded(v, c) for v, c in zip(Graph.of(closed).consts, closed.consts)]
+    embedded = [_embedded(v) for v in Graph.of(closed).consts]
     kept = [c for c, e in zip(closed.consts, embedded) if e]
     hoisted = [_on_device(c, placed) for c, e in zip(closed.consts, embedded) if not e]
 

@@ -219,9 +219,9 @@ def _newer_sources(library: str, checkout: str) -> list[str]:
     if not sources.is_dir():
         return []
     built = os.path.getmtime(library)
-    files = [f for f in sources.iterdir() if f.suffix in (".cc", ".h") or f.name == "CMakeLists.txt"]
-    newer = [f for f in files if f.stat().st_mtime > built]
-    return [str(f) for f in sorted(newer, key=lambda f: f.stat().st_mtime, reverse=True)]
+    modified = {str(f): f.stat().st_mtime for f in sources.iterdir()
+                if f.suffix in (".cc", ".h") or f.name == "CMakeLists.txt"}
+    return sorted((f for f, mtime in modified.items() if mtime > built), key=modified.get, reverse=True)
 
 
 def _warn_if_stale(library: str) -> None:
