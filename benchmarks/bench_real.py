@@ -22,7 +22,12 @@ untimed calls, then one timed call) times:
 Every output is checked against ONNX Runtime's. At the end the ratio table
 (peer time / jtile time on the best round: above 1 jtile is faster), with the
 geometric mean per peer and the best peer (the faster of ORT and OpenVINO per
-model), goes to `benchmarks/results/real-<time>.{json,png}`. `test_matmul_peak`
+model), goes to `benchmarks/results/real-<time>.{json,png}`, and a second
+table with the median over rounds of each round's ratio (the best peer of a
+round is the faster of ORT and OpenVINO in it). This machine's speed drifts by
+up to 2x for minutes at a time (whole-process timings of SqueezeNet went from
+1.7 to 3.3 ms within an hour, every engine alike); a round's engines run
+milliseconds apart, so the paired ratio is the steadier figure. `test_matmul_peak`
 measures the machine's attainable f32 multiply-add rate (a large jitted matmul
 and numpy's BLAS matmul) so per-layer GFLOP/s have a ceiling to compare with.
 
@@ -261,9 +266,9 @@ def settle(step: float = 0.005, limit: float = 0.25) -> None:
             return
 
 
-def interleaved(runners: dict, rounds: int, warm: int = 0) -> dict[str, dict[str, float]]:
+def interleaved(runners: dict, rounds: int, warm: int = 0) -> dict[str, dict]:
     """Time every runner once per round, in turn, each after `settle` and
-    `warm` untimed calls; `{engine: {"min": s, "median": s}}`."""
+    `warm` untimed calls; `{engine: {"min": s, "median": s, "rounds": [s, ...]}}`."""
     times = {name: [] for name in runners}
     for _ in range(rounds):
         for name, run in runners.items():
@@ -273,7 +278,7 @@ def interleaved(runners: dict, rounds: int, warm: int = 0) -> dict[str, dict[str
             start = time.perf_counter()
             run()
             times[name].append(time.perf_counter() - start)
-    return {name: {"min": min(t), "median": float(np.median(t))} for name, t in times.items()}
+    return {name: {"min": min(t), "median": float(np.median(t)), "rounds": t} for name, t in times.items()}
 
 
 @pytest.fixture(scope="session")

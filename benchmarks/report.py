@@ -3,8 +3,12 @@
 `write(results, directory)` takes `{case: {backend: {"min": s, "median": s}}}`,
 writes `bench-<time>.json` and `bench-<time>.png` into `directory` and returns
 the table as text. A ratio is `time(other) / time(jtile)` on the best (min)
-round: above 1 jtile is faster. `python benchmarks/report.py FILE.json` prints
-the table of an earlier run again.
+round: above 1 jtile is faster. Where every backend of a case also has
+`"rounds"` (its time in each round of an interleaved run), a second table
+gives the median over rounds of each round's ratio: the engines of a round run
+milliseconds apart, so a drift of the machine between rounds (a noisy
+neighbour slowing every engine for minutes) cancels out of it.
+`python benchmarks/report.py FILE.json` prints the tables of an earlier run again.
 
 !!! warning
 
@@ -26,27 +30,45 @@ BEST = "best"  # the per-case faster of the `best_of` backends, a column of its 
 
 
 def with_best(results: dict, best_of: tuple[str, ...]) -> dict:
-    """`results` with a `"best"` backend per case: the fastest (min) of `best_of` timed there."""
+    """`results` with a `"best"` backend per case: the fastest (min) of `best_of`
+    timed there; its `"rounds"`, where all of them have some, are the fastest
+    of them in each round."""
     out = {}
     for case, times in results.items():
         timed = [times[b] for b in best_of if b in times]
-        out[case] = dict(times, **({BEST: min(timed, key=lambda t: t["min"])} if timed else {}))
+        best = dict(min(timed, key=lambda t: t["min"])) if timed else None
+        if best is not None and all("rounds" in t for t in timed):
+            best["rounds"] = [min(r) for r in zip(*(t["rounds"] for t in timed))]
+        out[case] = dict(times, **({BEST: best} if best is not None else {}))
     return out
 
 
-def ratios(results: dict, others: tuple[str, ...] = OTHERS) -> dict[str, dict[str, float]]:
-    """`{case: {other backend: time(other) / time(jtile)}}` where both were timed."""
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def ratios(results: dict, others: tuple[str, ...] = OTHERS, paired: bool = False) -> dict[str, dict[str, float]]:
+    """`{case: {other backend: time(other) / time(jtile)}}` where both were
+    timed: of the best rounds, or with `paired` the median of each round's
+    ratio (cases and backends without `"rounds"` left out)."""
     table = {}
     for case, times in results.items():
-        if "jtile" in times:
-            mine = times["jtile"]["min"]
-            table[case] = {b: times[b]["min"] / mine for b in others if b in times}
+        if "jtile" not in times:
+            continue
+        mine = times["jtile"]
+        if not paired:
+            table[case] = {b: times[b]["min"] / mine["min"] for b in others if b in times}
+        elif "rounds" in mine:
+            table[case] = {b: _median([t / m for t, m in zip(times[b]["rounds"], mine["rounds"])])
+                           for b in others if "rounds" in times.get(b, {})}
     return table
 
 
-def geomeans(results: dict, others: tuple[str, ...] = OTHERS) -> dict[str, float]:
-    """The geometric mean of each backend's ratio over the cases that timed it."""
-    speedups = ratios(results, others)
+def geomeans(results: dict, others: tuple[str, ...] = OTHERS, paired: bool = False) -> dict[str, float]:
+    """The geometric mean of each backend's ratio (as `ratios`) over the cases that timed it."""
+    speedups = ratios(results, others, paired)
     means = {}
     for b in others:
         logs = [math.log(r[b]) for r in speedups.values() if b in r]
@@ -55,17 +77,19 @@ def geomeans(results: dict, others: tuple[str, ...] = OTHERS) -> dict[str, float
     return means
 
 
-def table(results: dict, others: tuple[str, ...] = OTHERS) -> str:
-    """The ratio table, one row per case, times in milliseconds; geometric means last."""
+def table(results: dict, others: tuple[str, ...] = OTHERS, paired: bool = False) -> str:
+    """The ratio table, one row per case, times in milliseconds; geometric means
+    last. The best rounds' times and ratios, or with `paired` the median times
+    and the median of each round's ratio."""
     w = max(11, 2 + max(len(f"vs {_LABELS[b]}") for b in others), 2 + max(len(f"{b} ms") for b in others))
     head = f"{'case':<28}" + "".join(f"{b + ' ms':>{w}}" for b in ("jtile", *others))
     head += "".join(f"{'vs ' + _LABELS[b]:>{w}}" for b in others)
     lines = [head, "-" * len(head)]
-    speedups = ratios(results, others)
+    speedups, shown = ratios(results, others, paired), "median" if paired else "min"
     for case, times in results.items():
         row = f"{case:<28}"
         row += "".join(
-            f"{times[b]['min'] * 1e3:>{w}.3f}" if b in times else f"{'-':>{w}}" for b in ("jtile", *others)
+            f"{times[b][shown] * 1e3:>{w}.3f}" if b in times else f"{'-':>{w}}" for b in ("jtile", *others)
         )
         row += "".join(
             f"{speedups[case][b]:>{w - 1}.2f}x" if b in speedups.get(case, {}) else f"{'-':>{w}}"
@@ -73,7 +97,7 @@ def table(results: dict, others: tuple[str, ...] = OTHERS) -> str:
         )
         lines.append(row)
     if len(results) > 1:
-        means = geomeans(results, others)
+        means = geomeans(results, others, paired)
         row = f"{'geometric mean':<28}" + " " * w * (1 + len(others))
         row += "".join(f"{means[b]:>{w - 1}.2f}x" if b in means else f"{'-':>{w}}" for b in others)
         lines += ["-" * len(head), row]
@@ -121,12 +145,21 @@ def write(results: dict, directory: Path, *, others: tuple[str, ...] = OTHERS, p
     meta = {"utc": stamp, "machine": platform.machine(), "python": platform.python_version(),
             "others": others, **(meta or {})}
     payload = {"meta": meta, "results": results, "ratios": ratios(results, others),
-               "geomeans": geomeans(results, others)}
+               "geomeans": geomeans(results, others), "paired_ratios": ratios(results, others, paired=True),
+               "paired_geomeans": geomeans(results, others, paired=True)}
     base.with_suffix(".json").write_text(json.dumps(payload, indent=2))
     chart = _chart(results, base.with_suffix(".png"), others)
-    return "\n".join(["", table(results, others), "", f"json: {base.with_suffix('.json')}", chart])
+    return "\n".join(["", *tables(results, others), "", f"json: {base.with_suffix('.json')}", chart])
+
+
+def tables(results: dict, others: tuple[str, ...] = OTHERS) -> list[str]:
+    """The best rounds' table, and the paired one where the results have rounds."""
+    out = [table(results, others)]
+    if ratios(results, others, paired=True):
+        out += ["", "Median over rounds of each round's ratio (times: medians):", table(results, others, paired=True)]
+    return out
 
 
 if __name__ == "__main__":
     payload = json.loads(Path(sys.argv[1]).read_text())
-    print(table(payload["results"], tuple(payload["meta"].get("others", OTHERS))))
+    print("\n".join(tables(payload["results"], tuple(payload["meta"].get("others", OTHERS)))))
