@@ -20,6 +20,7 @@ import datetime
 import json
 import math
 import platform
+import statistics
 import sys
 from pathlib import Path
 
@@ -43,12 +44,6 @@ def with_best(results: dict, best_of: tuple[str, ...]) -> dict:
     return out
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
 def ratios(results: dict, others: tuple[str, ...] = OTHERS, paired: bool = False) -> dict[str, dict[str, float]]:
     """`{case: {other backend: time(other) / time(jtile)}}` where both were
     timed: of the best rounds, or with `paired` the median of each round's
@@ -61,7 +56,7 @@ def ratios(results: dict, others: tuple[str, ...] = OTHERS, paired: bool = False
         if not paired:
             table[case] = {b: times[b]["min"] / mine["min"] for b in others if b in times}
         elif "rounds" in mine:
-            table[case] = {b: _median([t / m for t, m in zip(times[b]["rounds"], mine["rounds"])])
+            table[case] = {b: statistics.median([t / m for t, m in zip(times[b]["rounds"], mine["rounds"])])
                            for b in others if "rounds" in times.get(b, {})}
     return table
 
