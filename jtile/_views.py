@@ -101,6 +101,66 @@ def strided_source(producers: dict, var) -> StridedSource | None:
     return StridedSource(var, view, tuple(scales), tuple(steps)) if steps else None
 
 
+@dataclasses.dataclass(frozen=True)
+class PlaneGather:
+    """A value of shape (N, C, *rest) that is `base[:, planes]`: whole planes
+    of `base`, of shape (N, C', *rest), in a new order; `steps` are the
+    equations read through."""
+
+    base: jcore.Var
+    planes: tuple[int, ...]
+    steps: tuple
+
+
+def _elements(view: Strided, flat: np.ndarray) -> np.ndarray:
+    """The elements of the row-major buffer `flat` that `view` reads, in its shape."""
+    return np.lib.stride_tricks.as_strided(flat[view.offset:], view.shape,
+                                           tuple(s * flat.itemsize for s in view.strides))
+
+
+def _planes_of(index: np.ndarray, base_shape) -> tuple[int, ...] | None:
+    """The planes of `base_shape` whose elements, in order, the flat indices
+    `index` name, or None if `index` is not whole planes of it."""
+    shape = index.shape
+    if len(shape) != len(base_shape) or len(shape) < 2 or shape[0] != base_shape[0] or shape[2:] != base_shape[2:]:
+        return None
+    plane = math.prod(shape[2:])
+    planes = index.reshape(shape[0], shape[1], plane)[0, :, 0] // max(plane, 1)
+    per_image = base_shape[1] * plane
+    expect = (np.arange(shape[0])[:, None, None] * per_image + planes[None, :, None] * plane
+              + np.arange(plane)[None, None, :])
+    return tuple(int(p) for p in planes) if np.array_equal(index.reshape(expect.shape), expect) else None
+
+
+def plane_gather(producers: dict, var) -> PlaneGather | None:
+    """`var` as whole planes of the furthest value that the layout steps making
+    it read in place, or None: not made by such steps, not whole planes of any
+    value they read, or every plane in its own place."""
+    chain = []
+    out = var
+    while isinstance(out, jcore.Var) and (eqn := producers.get(out)) is not None:
+        make = facet(eqn, "view")
+        step = make(eqn, eqn.outvars.index(out)) if make is not None else None
+        if step is None or step.scale is not None or not isinstance(eqn.invars[step.source], jcore.Var):
+            break
+        chain.append((eqn, step))
+        out = eqn.invars[step.source]
+    chain.reverse()
+    for first in range(len(chain)):
+        base = chain[first][0].invars[chain[first][1].source]
+        index = np.arange(math.prod(base.aval.shape)).reshape(base.aval.shape)
+        for eqn, step in chain[first:]:
+            view = step.apply(Strided.contiguous(index.shape))
+            if view is None:
+                break
+            index = _elements(view, index.ravel())
+        else:
+            planes = _planes_of(index, base.aval.shape)
+            if planes is not None and planes != tuple(range(base.aval.shape[1])):
+                return PlaneGather(base, planes, tuple(eqn for eqn, _ in chain[first:]))
+    return None
+
+
 def _reshaped(view: Strided, new_shape) -> Strided | None:
     """`view` read in `new_shape` (row-major order) without a copy, or None:
     every group of old axes merged or split must be one run in memory."""

@@ -22,7 +22,10 @@ depthwise conv, in the depthwise conv's call (`jtile._expanded_depthwise`); an
 average pool after a linear 1x1 conv runs before it, on the conv's input
 (`jtile._pool_before_conv`). Activations
 that pass only between kernel convs that can take them channel-blocked stay
-so (`jtile._nchwc`).
+so (`jtile._nchwc`). A conv whose x is whole channel planes of another value,
+read through layout steps (ShuffleNetV2's channel shuffle and split), gets
+them copied by `kernels.gather_planes` (`jtile._views.plane_gather`), not by
+XLA's loop.
 
 !!! warning
 
@@ -53,7 +56,8 @@ from ._layers import Layer
 from ._nchwc import Blocked, find_blocked
 from ._pool_before_conv import find_pools_first
 from ._pool_in_conv import find_pooled_convs
-from .kernels import warn_if_unavailable
+from ._views import plane_gather
+from .kernels import gather_planes, warn_if_unavailable
 
 Selector = str | Sequence[str] | Callable[[Layer], str]
 
@@ -212,6 +216,7 @@ class _Plan:
     sources: dict = dataclasses.field(default_factory=dict)  # id(matmul eqn) -> its operands' StridedSource or None
     merges: dict = dataclasses.field(default_factory=dict)  # id(matmul eqn) -> the head merge's steps
     crops: dict = dataclasses.field(default_factory=dict)  # id(conv eqn) -> it reading its slice's input
+    gathers: dict = dataclasses.field(default_factory=dict)  # id(layout eqn) -> {output index: PlaneGather}
 
 
 def _find_layers(graph: Graph, kinds_wanted):
@@ -313,6 +318,11 @@ def _plan(closed: jcore.ClosedJaxpr, selectors: dict[str, Selector]) -> _Plan:
         if swapped_conv(eqn) and id(eqn) not in plain and (
                 cropped := kinds.cropped_read(eqn, plan.swaps[id(eqn)].name, plan.producers)):
             plan.crops[id(eqn)] = cropped
+    for eqn, _ in found:
+        read_as_is = swapped_conv(eqn) and not {id(eqn)} & (set(plan.crops) | plan.prefix_readers | set(plan.pools_first))
+        if read_as_is and eqn.invars[0].aval.dtype == np.float32 and (
+                gather := plane_gather(plan.producers, x := eqn.invars[0])) is not None:
+            plan.gathers.setdefault(id(plan.producers[x]), {})[plan.producers[x].outvars.index(x)] = gather
     return plan
 
 
@@ -327,10 +337,17 @@ def _rules(plan: _Plan) -> dict:
                     for step in source.steps}
     values = {}  # jaxpr variable -> its value, for the steps a matmul reads through
     merging = {id(step) for steps in plan.merges.values() for step in steps}
+    gathering = {id(step): step for gathers in plan.gathers.values() for gather in gathers.values()
+                 for step in gather.steps}
 
     def swap(eqn, *invals):
-        if id(eqn) in read_through or eqn.primitive.name == "slice":
+        if id(eqn) in read_through or id(eqn) in gathering or eqn.primitive.name == "slice":
             values.update((var, x) for var, x in zip(eqn.invars, invals) if isinstance(var, jcore.Var))
+        if id(eqn) in plan.gathers:  # whole planes of a base, copied by a kernel (XLA drops unread steps)
+            outs = bind(eqn, *invals) if eqn.primitive.multiple_results else [None]
+            for index, gather in plan.gathers[id(eqn)].items():
+                outs[index] = gather_planes(values[gather.base], gather.planes)
+            return outs if eqn.primitive.multiple_results else outs[0]
         if id(eqn) in merging:
             return jnp.reshape(invals[0], eqn.outvars[0].aval.shape)
         if id(eqn) in plan.dropped:
@@ -383,7 +400,7 @@ def _rules(plan: _Plan) -> dict:
         return lax.slice_in_dim(whole, part.channel0, part.channel0 + eqn.outvars[0].aval.shape[1], axis=1)
 
     steps = ("sub", "mul", "add", "max") if chain else ()
-    viewed = {step.primitive.name for step in read_through.values()} | {
+    viewed = {step.primitive.name for step in (*read_through.values(), *gathering.values())} | {
         step.primitive.name for steps in plan.merges.values() for step in steps} | ({"slice"} if plan.crops else set())
     return {name: swap for name in (*kinds.PRIMITIVES, *(("concatenate",) if plan.assemblies else ()), *steps, *viewed)}
 

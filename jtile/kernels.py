@@ -129,6 +129,7 @@ _TARGETS: dict[str, str] = {
     "jtile_resize2d": "JtileResize2d",
     "jtile_softmax": "JtileSoftmax",
     "jtile_layer_norm": "JtileLayerNorm",
+    "jtile_gather_planes": "JtileGatherPlanes",
 }
 
 # ----------------------------------------------------------------- epilogues
@@ -1738,6 +1739,33 @@ def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array | None = None, *,
     return _with_reference_vjp(kernel, functools.partial(layer_norm_reference, epsilon=epsilon))(x, scale, bias)
 
 
+def gather_planes_reference(x: jax.Array, planes: Sequence[int]) -> jax.Array:
+    """`gather_planes` in jnp: `x[:, planes]`."""
+    return jnp.take(x, np.asarray(planes, np.int32), axis=1)
+
+
+def gather_planes(x: jax.Array, planes: Sequence[int]) -> jax.Array:
+    """`x[:, planes]` for `x` of shape (N, C, ...) by the C kernel, which copies
+    whole planes in the order `planes` gives (a channel shuffle and split,
+    ShuffleNetV2's); `planes` are channel indices in [0, C), known at trace time."""
+    _require_float32("gather_planes", x=x)
+    shape = jnp.shape(x)
+    picked = np.asarray(planes)
+    picked = picked.astype(np.int64) if picked.size == 0 else picked  # ([] reads as floats)
+    if len(shape) < 2 or picked.ndim != 1 or not np.issubdtype(picked.dtype, np.integer) or (
+            picked.size and not (0 <= picked.min() and picked.max() < shape[1])):
+        raise ConfigError(f"gather_planes: planes must be a list of channel indices in [0, C) for x of shape "
+                          f"(N, C, ...); got x of shape {shape} and planes {planes!r}")
+    out = jax.ShapeDtypeStruct((shape[0], picked.size, *shape[2:]), jnp.float32)
+    if picked.size == 0:
+        return jnp.zeros(out.shape, jnp.float32)
+
+    def kernel(x):
+        return _call("jtile_gather_planes", out, x, vmap_method="sequential", planes=picked.astype(np.int64))
+
+    return _with_reference_vjp(kernel, lambda x: gather_planes_reference(x, picked))(x)
+
+
 def _describe_resize_call(eqn):
     channels = eqn.invars[0].aval.shape[1] if eqn.invars[0].aval.ndim > 1 else 1
     return _layer(eqn, "resize", in_channels=channels, out_channels=channels)
@@ -1766,6 +1794,7 @@ _registry.register("ffi_call:jtile_softmax", describe=describe_as("softmax"), ma
                    activations=(0,))
 _registry.register("ffi_call:jtile_layer_norm", describe=describe_as("layer_norm"), macs=element_macs("norm"),
                    weights=(1, 2), activations=(0,))
+_registry.register("ffi_call:jtile_gather_planes", macs=lambda eqn: Counter(), activations=(0,))
 
 LIBRARY_PATH, _UNAVAILABLE = _load_library()
 
@@ -1781,5 +1810,5 @@ __all__ = [
     "matmul_reference", "matmul", "matmul_stored_axes",
     "max_pool2d_reference", "avg_pool2d_reference", "global_avg_pool2d_reference", "max_pool2d",
     "avg_pool2d", "global_avg_pool2d", "resize2d_reference", "resize2d", "softmax_reference", "softmax",
-    "layer_norm_reference", "layer_norm", "LIBRARY_PATH"
+    "layer_norm_reference", "layer_norm", "gather_planes_reference", "gather_planes", "LIBRARY_PATH"
 ]

@@ -266,6 +266,24 @@ def test_exported_branches_are_concatenated_in_place(name):
     assert relative_error(swapped(x.numpy()), onnxruntime_outputs(data, x.numpy())[0]) < RTOL
 
 
+@pytest.mark.parametrize("exporter, opset", [("torchscript", 17), ("dynamo", 18)])
+def test_exported_channel_shuffles_are_read_through_the_plane_kernel(exporter, opset):
+    """ShuffleNetV2 under `swap_backend`: each of the 13 stride-1 units' branches
+    reads its half of the shuffled channels (a Slice, or a Split from the
+    dynamo exporter), and each stage's next conv the whole shuffle (3), as one
+    `jtile_gather_planes` call; the output still matches ONNX Runtime."""
+    from jtile.algorithms import swap_backend
+    from jtile.fusion import fold_params
+
+    _, x, data = exported("shufflenet_v2_x1_0", exporter, opset)
+    imported = jtile.onnx.load(data)
+    swapped = swap_backend(fold_params(imported.fn, imported.params), algorithms="auto")
+    calls = [e.params["target_name"] for e in iter_eqns(jax.make_jaxpr(swapped)(x.numpy()).jaxpr)
+             if e.primitive.name == "ffi_call"]
+    assert calls.count("jtile_gather_planes") == 13 + 3
+    assert relative_error(jax.jit(swapped)(x.numpy()), onnxruntime_outputs(data, x.numpy())[0]) < RTOL
+
+
 @pytest.mark.parametrize("name", ["resnet18", "googlenet"])
 def test_exported_stem_pools_inside_its_conv(name):
     """The 7x7 stride-2 stem, its ReLU and its 3x3 stride-2 max pool run as one
