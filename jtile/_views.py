@@ -120,9 +120,10 @@ def _elements(view: Strided, flat: np.ndarray) -> np.ndarray:
 
 def _planes_of(index: np.ndarray, base_shape) -> tuple[int, ...] | None:
     """The planes of `base_shape` whose elements, in order, the flat indices
-    `index` name, or None if `index` is not whole planes of it."""
+    `index` name, or None if `index` is empty or not whole planes of it."""
     shape = index.shape
-    if len(shape) != len(base_shape) or len(shape) < 2 or shape[0] != base_shape[0] or shape[2:] != base_shape[2:]:
+    if (len(shape) != len(base_shape) or len(shape) < 2 or shape[0] != base_shape[0] or shape[2:] != base_shape[2:]
+            or index.size == 0):
         return None
     plane = math.prod(shape[2:])
     planes = index.reshape(shape[0], shape[1], plane)[0, :, 0] // max(plane, 1)

@@ -111,6 +111,7 @@ def test_plane_gather_reads_shuffles_and_splits_as_planes(groups, per_group, dat
     lambda x: x.reshape(2, 3, 8, 2)[:, :1],  # planes of another shape
     lambda x: x.reshape(2, 2, 3, 4, 2).reshape(2, 6, 4, 2),  # every plane in its place
     lambda x: (x * 2)[:, 2:],  # a scaled value is computed, not read
+    lambda x: x[:0, 2:],  # no image: nothing to copy
 ])
 def test_plane_gather_is_none_for_other_reads(fn):
     x = np.zeros((2, 6, 4, 2), np.float32)
