@@ -1,7 +1,7 @@
 """Channel planes gathered by a kernel: `kernels.gather_planes` against
-`np.take`, `_views.plane_gather` against the values the jaxpr computes, and
-`swap_backend` on ShuffleNetV2 units (a split, a branch of convs, a
-concatenation, a channel shuffle) against plain XLA."""
+`np.take`, and `swap_backend` on ShuffleNetV2 units (a split, a branch of
+convs, a concatenation, a channel shuffle) against plain XLA. How a value is
+found to be planes of another: tests/test_views.py."""
 
 import jax
 import jax.numpy as jnp
@@ -13,9 +13,7 @@ from jax import lax
 
 from jtile import kernels
 from jtile._errors import ConfigError, UnsupportedError
-from jtile._graph import Graph
-from jtile._interpreter import bind, eval_jaxpr, iter_eqns
-from jtile._views import plane_gather
+from jtile._interpreter import iter_eqns
 from jtile.algorithms import swap_backend
 
 
@@ -65,59 +63,6 @@ def test_gather_planes_rejects_other_dtypes():
 def _shuffle(y, groups=2):
     n, c, h, w = y.shape
     return y.reshape(n, groups, c // groups, h, w).transpose(0, 2, 1, 3, 4).reshape(n, c, h, w)
-
-
-def _values(closed, x) -> dict:
-    env = {closed.jaxpr.invars[0]: np.asarray(x)}
-
-    def observe(eqn, *invals):
-        out = bind(eqn, *invals)
-        env.update((var, np.asarray(value)) for var, value in zip(eqn.outvars, out))
-        return out if eqn.primitive.multiple_results else out[0]
-
-    eval_jaxpr(closed.jaxpr, closed.consts, x, rules={}, default=observe)
-    return env
-
-
-@settings(max_examples=30, deadline=None)
-@given(st.integers(2, 4), st.integers(1, 6), st.data())
-def test_plane_gather_reads_shuffles_and_splits_as_planes(groups, per_group, data):
-    """A channel shuffle of `groups`, a slice of its channels, and a split
-    after it: each value is `base[:, planes]` of the value its steps read."""
-    channels = groups * per_group
-    start = data.draw(st.integers(0, channels - 1))
-    stop = data.draw(st.integers(start + 1, channels))
-
-    def fn(x):
-        shuffled = _shuffle(x * 2, groups)
-        return shuffled, shuffled[:, start:stop], jnp.split(shuffled, [start], axis=1)[1]
-
-    x = np.random.default_rng(0).standard_normal((2, channels, 3, 4)).astype(np.float32)
-    closed = jax.make_jaxpr(fn)(x)
-    env, producers = _values(closed, x), Graph.of(closed).producers()
-    for var in closed.jaxpr.outvars:
-        gather = plane_gather(producers, var)
-        if gather is None:  # every plane in place: a shuffle of one channel per group, or the whole
-            assert env[var].shape[1] == channels and np.array_equal(env[var], x * 2)
-            continue
-        assert producers[gather.base].primitive.name == "mul"  # the scaling copies: the gather starts after it
-        np.testing.assert_array_equal(env[var], env[gather.base][:, np.array(gather.planes)])
-
-
-@pytest.mark.parametrize("fn", [
-    lambda x: jnp.transpose(x, (0, 1, 3, 2)),  # the planes themselves move
-    lambda x: x[:, :, 1:],  # part of each plane
-    lambda x: x.reshape(2, 4, 3, 2, 2)[:, :, 0],  # a plane split
-    lambda x: x.reshape(2, 3, 8, 2)[:, :1],  # planes of another shape
-    lambda x: x.reshape(2, 2, 3, 4, 2).reshape(2, 6, 4, 2),  # every plane in its place
-    lambda x: (x * 2)[:, 2:],  # a scaled value is computed, not read
-    lambda x: x[:0, 2:],  # no image: nothing to copy
-])
-def test_plane_gather_is_none_for_other_reads(fn):
-    x = np.zeros((2, 6, 4, 2), np.float32)
-    closed = jax.make_jaxpr(fn)(x)
-    gather = plane_gather(Graph.of(closed).producers(), closed.jaxpr.outvars[0])
-    assert gather is None or gather.base is not closed.jaxpr.invars[0]
 
 
 def _conv(x, w, groups=1):

@@ -1,18 +1,21 @@
 """`jtile._views`: a value read as a strided view of the buffer its layout ops
-read, checked against the value itself (numpy's `as_strided` of that buffer)."""
+read, checked against the value itself (numpy's `as_strided` of that buffer),
+and as whole channel planes of a value (`plane_gather`), checked against both
+values."""
 
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax import lax
 
 from jtile._graph import Graph
 from jtile._interpreter import bind, eval_jaxpr
-from jtile._views import Strided, strided_source
+from jtile._views import Strided, plane_gather, strided_source
 
 
 def _values(closed, x) -> dict:
@@ -150,3 +153,45 @@ def test_random_layout_chains_read_the_right_elements(chain):
     shape, ops = chain
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     _check(lambda x: _apply(ops, x), x)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(2, 4), st.integers(1, 6), st.data())
+def test_plane_gather_reads_shuffles_and_splits_as_planes(groups, per_group, data):
+    """A channel shuffle of `groups`, a slice of its channels, and a split
+    after it: each value is `base[:, planes]` of the value its steps read."""
+    channels = groups * per_group
+    start = data.draw(st.integers(0, channels - 1))
+    stop = data.draw(st.integers(start + 1, channels))
+
+    def fn(x):
+        n, c, h, w = x.shape
+        shuffled = (x * 2).reshape(n, groups, c // groups, h, w).transpose(0, 2, 1, 3, 4).reshape(n, c, h, w)
+        return shuffled, shuffled[:, start:stop], jnp.split(shuffled, [start], axis=1)[1]
+
+    x = np.random.default_rng(0).standard_normal((2, channels, 3, 4)).astype(np.float32)
+    closed = jax.make_jaxpr(fn)(x)
+    env, producers = _values(closed, x), Graph.of(closed).producers()
+    for var in closed.jaxpr.outvars:
+        gather = plane_gather(producers, var)
+        if gather is None:  # every plane in place: a shuffle of one channel per group, or the whole
+            assert env[var].shape[1] == channels and np.array_equal(env[var], x * 2)
+            continue
+        assert producers[gather.base].primitive.name == "mul"  # the scaling copies: the gather starts after it
+        np.testing.assert_array_equal(env[var], env[gather.base][:, np.array(gather.planes)])
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: jnp.transpose(x, (0, 1, 3, 2)),  # the planes themselves move
+    lambda x: x[:, :, 1:],  # part of each plane
+    lambda x: x.reshape(2, 4, 3, 2, 2)[:, :, 0],  # a plane split
+    lambda x: x.reshape(2, 3, 8, 2)[:, :1],  # planes of another shape
+    lambda x: x.reshape(2, 2, 3, 4, 2).reshape(2, 6, 4, 2),  # every plane in its place
+    lambda x: (x * 2)[:, 2:],  # a scaled value is computed, not read
+    lambda x: x[:0, 2:],  # no image: nothing to copy
+])
+def test_plane_gather_is_none_for_other_reads(fn):
+    x = np.zeros((2, 6, 4, 2), np.float32)
+    closed = jax.make_jaxpr(fn)(x)
+    gather = plane_gather(Graph.of(closed).producers(), closed.jaxpr.outvars[0])
+    assert gather is None or gather.base is not closed.jaxpr.invars[0]
