@@ -441,12 +441,21 @@ ffi::Error ConvWinograd(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffe
   // Few tile blocks: transform the input of all blocks first; then each task
   // owns a group of at most 3 output-channel panels and transforms their
   // weights kCin input channels at a time, so the transformed weights stay in
-  // cache. Groups are sized so the tasks come in a multiple of the workers:
-  // 4 panels (32 channels) as 2 + 2, not 3 + 1, which left one of two workers
-  // a quarter of the work (DenseNet-121's 128->32 at 56x56: 2.0 -> 1.0 ms).
+  // cache. Groups are sized so the tasks come in a multiple of the workers,
+  // all of one size where a size of at most 3 panels allows it: 4 panels
+  // (32 channels) as 2 + 2, not 3 + 1, which left one of two workers a
+  // quarter of the work (DenseNet-121's 128->32 at 56x56: 2.0 -> 1.0 ms); 16
+  // (128 channels) as 8 tasks of 2, not 5 of 3 and one of 1 (ResNet's
+  // 128->128 at 28x28 379-383 against 397-406 us, SqueezeNet's 32->128 at
+  // 27x27 105-106 against 113-114).
   constexpr int64_t kCin = 64;
-  const int64_t tasks = ceil_div(std::max(ceil_div(p.panels, 3), std::min(workers, p.panels)), workers) * workers;
-  const int64_t kGroup = ceil_div(p.panels, std::min(tasks, p.panels));
+  int64_t kGroup = 0;
+  for (int64_t g = 3; g >= 1 && !kGroup; --g)
+    if (p.panels % g == 0 && p.panels / g % workers == 0) kGroup = g;
+  if (!kGroup) {
+    const int64_t tasks = ceil_div(std::max(ceil_div(p.panels, 3), std::min(workers, p.panels)), workers) * workers;
+    kGroup = ceil_div(p.panels, std::min(tasks, p.panels));
+  }
   float* shared_v = scratch.get(0, 5, p.blocks * p.v_size());
   const int64_t csplit = std::min(s.c, ceil_div(4 * workers, p.blocks)), cstep = ceil_div(s.c, csplit);
   parallel_for(pool, p.blocks * csplit, [&](int64_t task, int worker) {

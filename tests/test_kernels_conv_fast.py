@@ -95,6 +95,7 @@ def test_conv_fast_matches_reference(algorithm, data):
      ((3, 40, 9, 30), 33),    # blocks spanning images and tile rows
      ((1, 70, 56, 56), 32),   # few blocks, 4 panels: tasks of 2 panels each
      ((1, 20, 28, 28), 40),   # few blocks, 5 panels: groups of 3 and 2
+     ((1, 96, 28, 28), 128),  # few blocks, 16 panels: 8 groups of 2, 64 + 32 input channels
      ((1, 0, 5, 6), 4)],      # no input channels: the bias alone
 )
 def test_winograd_large_layers_match_reference(x_shape, out_channels):
