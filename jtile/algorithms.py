@@ -318,9 +318,9 @@ def _plan(closed: jcore.ClosedJaxpr, selectors: dict[str, Selector]) -> _Plan:
         if swapped_conv(eqn) and id(eqn) not in plain and (
                 cropped := kinds.cropped_read(eqn, plan.swaps[id(eqn)].name, plan.producers)):
             plan.crops[id(eqn)] = cropped
+    reads_otherwise = set(plan.crops) | plan.prefix_readers | set(plan.pools_first)
     for eqn, _ in found:
-        read_as_is = swapped_conv(eqn) and not {id(eqn)} & (set(plan.crops) | plan.prefix_readers | set(plan.pools_first))
-        if read_as_is and eqn.invars[0].aval.dtype == np.float32 and (
+        if swapped_conv(eqn) and id(eqn) not in reads_otherwise and eqn.invars[0].aval.dtype == np.float32 and (
                 gather := plane_gather(plan.producers, x := eqn.invars[0])) is not None:
             plan.gathers.setdefault(id(plan.producers[x]), {})[plan.producers[x].outvars.index(x)] = gather
     return plan

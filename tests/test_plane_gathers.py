@@ -88,11 +88,12 @@ def test_shuffle_units_read_their_planes_through_the_kernel(getkey, tree_allclos
     """Every branch reads its half of the shuffled channels, and the last conv
     the whole shuffle, as a `gather_planes` call (3 + 1); the output matches XLA's."""
     half = 16
-    params = [(0.3 * jax.random.normal(getkey(), (half, half, 1, 1)), 0.3 * jax.random.normal(getkey(), (half, 1, 3, 3)),
-               0.3 * jax.random.normal(getkey(), (half, half, 1, 1))) for _ in range(3)]
+    shapes = ((half, half, 1, 1), (half, 1, 3, 3), (half, half, 1, 1))
+    params = [tuple(0.3 * jax.random.normal(getkey(), shape) for shape in shapes) for _ in range(3)]
     x = jax.random.normal(getkey(), (1, 2 * half, 12, 12))
     swapped = swap_backend(lambda x: _units(params, x, split), algorithms="auto")
-    calls = [e.params["target_name"] for e in iter_eqns(jax.make_jaxpr(swapped)(x).jaxpr) if e.primitive.name == "ffi_call"]
+    calls = [e.params["target_name"] for e in iter_eqns(jax.make_jaxpr(swapped)(x).jaxpr)
+             if e.primitive.name == "ffi_call"]
     assert calls.count("jtile_gather_planes") == 4
     assert tree_allclose(jax.jit(swapped)(x), jax.jit(lambda x: _units(params, x, split))(x), rtol=2e-4, atol=2e-4)
 
