@@ -17,6 +17,7 @@ tests=(tests/test_kernels.py)
 [[ -f tests/test_kernels_numerics.py ]] && tests+=(tests/test_kernels_numerics.py)
 [[ -f tests/test_kernels_nchwc.py ]] && tests+=(tests/test_kernels_nchwc.py)
 [[ -f tests/test_kernels_expanded.py ]] && tests+=(tests/test_kernels_expanded.py)
+[[ -f tests/test_plane_gathers.py ]] && tests+=(tests/test_plane_gathers.py)
 JTILE_KERNELS_LIB="$build/libjtile_kernels.so" \
 LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libstdc++.so)" \
 ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:halt_on_error=1" \

@@ -43,7 +43,7 @@ namespace {
 constexpr int kPos = 36;    // 6x6 transformed positions
 constexpr int kMR = 8;      // output channels per GEMM row panel
 constexpr int kMaxNV = 3;   // slot vectors per GEMM micro-kernel call
-constexpr int64_t kBlock = kMaxNV * W;  // most slots per tile block
+constexpr int64_t kBlock = kMaxNV * W;  // most slots per tile block, where there are several
 
 // B^T d: six values -> six values (also used for the rows, as (B^T d) B).
 inline void input_1d(const V d[6], V v[6]) {
@@ -131,13 +131,13 @@ struct Plan {
   ConvShape s;
   const float *x, *w;             // input and weight, for the direct fallback
   int64_t th, tw, tiles;          // tile grid
-  int64_t bs, blocks;             // blocks of bs <= kBlock tile slots
+  int64_t bs, blocks;             // blocks of bs tile slots (<= kBlock if more than one)
   int64_t panels;                 // output channels in panels of kMR
   bool by_block;                  // tasks own tile blocks (else panel groups)
 
   int64_t v_size() const { return kPos * s.c * bs; }  // one block's V
   int64_t m_size(int64_t npanels) const { return kPos * npanels * kMR * bs + W; }
-  int64_t t_stride() const { return 4 * kBlock + 96; }     // a T row with read slack
+  int64_t t_stride() const { return 4 * ceil_div(std::min(bs, tw), W) * W + 96; }  // a T row with read slack
   int64_t slots(int64_t b) const { return std::min(bs, tiles - b * bs); }
 };
 
@@ -413,6 +413,13 @@ ffi::Error ConvWinograd(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffe
   p.panels = ceil_div(s.o, kMR);
   const int64_t workers = std::max<int64_t>(1, pool.num_threads());
   p.by_block = p.blocks >= 4 * workers || s.c == 0;  // (no input channels: y = act(bias))
+  // Few blocks of more than two: one block of all tiles. At 56x56 (4 blocks
+  // of 48 tiles and one of 4, the block edges cutting tile rows) one block
+  // ran 5-12% faster alone (64->64 298-311 against 322-331 us, DenseNet's
+  // 128->32 400-423 against 455-468, SqueezeNet's 16->64 at 55x55 92-97
+  // against 102-105); at 27x27 and 28x28 (48 tiles and 1) it was level, or
+  // 20% slower (32->128 at 27x27).
+  if (!p.by_block && p.blocks > 2) p.bs = ceil_div(p.tiles, W) * W, p.blocks = 1;
   if (r.element_count() != 0 && (int64_t)r.element_count() != conv_output_size(s))
     return ffi::Error::InvalidArgument("jtile winograd: the residual must be empty or have the output's shape");
   const Bias bias_of(b, s.o);

@@ -93,7 +93,8 @@ def test_conv_fast_matches_reference(algorithm, data):
     [((2, 16, 60, 50), 20),   # many tile blocks: each task transforms its own block
      ((1, 67, 14, 14), 72),   # one block: tasks own output channels, 64 + 3 input channels
      ((3, 40, 9, 30), 33),    # blocks spanning images and tile rows
-     ((1, 70, 56, 56), 32),   # few blocks, 4 panels: tasks of 2 panels each
+     ((1, 70, 56, 56), 32),   # few blocks, so one of all 196 tiles; 4 panels: tasks of 2 panels each
+     ((1, 8, 3, 800), 16),    # one block of 200 tiles in one tile row (wider than a block of 48)
      ((1, 20, 28, 28), 40),   # few blocks, 5 panels: groups of 3 and 2
      ((1, 96, 28, 28), 128),  # few blocks, 16 panels: 8 groups of 2, 64 + 32 input channels
      ((1, 0, 5, 6), 4)],      # no input channels: the bias alone
