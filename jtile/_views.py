@@ -77,9 +77,9 @@ def keeps_order(eqn) -> bool:
     return all(n == 1 or a == b for n, a, b in zip(view.shape, view.strides, want.strides))
 
 
-def strided_source(producers: dict, var) -> StridedSource | None:
-    """`var` as a view of the furthest buffer its producers read in place, or
-    None if its own producer is not such a step."""
+def _steps_back(producers: dict, var) -> list:
+    """`(eqn, out, step)` for the layout steps that make `var` from the value
+    they read in place, nearest first (see the `view` facet)."""
     chain = []
     while isinstance(var, jcore.Var) and (eqn := producers.get(var)) is not None:
         entry = lookup(eqn)
@@ -88,6 +88,14 @@ def strided_source(producers: dict, var) -> StridedSource | None:
             break
         chain.append((eqn, var, step))
         var = eqn.invars[step.source]
+    return chain
+
+
+def strided_source(producers: dict, var) -> StridedSource | None:
+    """`var` as a view of the furthest buffer its producers read in place, or
+    None if its own producer is not such a step."""
+    chain = _steps_back(producers, var)
+    var = chain[-1][0].invars[chain[-1][2].source] if chain else var
     view, scales, steps = Strided.contiguous(var.aval.shape), [], []
     for eqn, out, step in reversed(chain):
         moved = step.apply(view)
@@ -137,16 +145,9 @@ def plane_gather(producers: dict, var) -> PlaneGather | None:
     """`var` as whole planes of the furthest value that the layout steps making
     it read in place, or None: not made by such steps, not whole planes of any
     value they read, or every plane in its own place."""
-    chain = []
-    out = var
-    while isinstance(out, jcore.Var) and (eqn := producers.get(out)) is not None:
-        make = facet(eqn, "view")
-        step = make(eqn, eqn.outvars.index(out)) if make is not None else None
-        if step is None or step.scale is not None or not isinstance(eqn.invars[step.source], jcore.Var):
-            break
-        chain.append((eqn, step))
-        out = eqn.invars[step.source]
-    chain.reverse()
+    chain = _steps_back(producers, var)
+    scaled = [i for i, (_, _, step) in enumerate(chain) if step.scale is not None]  # (a scaling computes)
+    chain = [(eqn, step) for eqn, _, step in reversed(chain[:scaled[0]] if scaled else chain)]
     for first in range(len(chain)):
         base = chain[first][0].invars[chain[first][1].source]
         index = np.arange(math.prod(base.aval.shape)).reshape(base.aval.shape)
