@@ -98,6 +98,7 @@ BEST_OF = ("ort", "openvino")  # the "best peer" column: the faster of these per
 RESULTS: dict[str, dict[str, dict[str, float]]] = {}
 NOTES: dict[str, dict[str, str]] = {}
 PEAK: dict[str, float] = {}
+COPY_GBPS: dict[str, float] = {}
 
 
 def _torch():
@@ -294,13 +295,13 @@ def real_report(request):
     if RESULTS:
         load = os.getloadavg()
         meta = {"rounds": ROUNDS, "warm": WARM, "threads": THREADS, "OMP_WAIT_POLICY": os.environ["OMP_WAIT_POLICY"],
-                "notes": NOTES, "matmul_peak_gflops": PEAK, "loadavg_start": before, "loadavg_end": load}
+                "notes": NOTES, "matmul_peak_gflops": PEAK, "copy_gbps": COPY_GBPS, "loadavg_start": before, "loadavg_end": load}
         text = report.write(RESULTS, Path(__file__).parent / "results", others=PEERS, prefix="real",
                             meta=meta, best_of=BEST_OF)
         missing = [f"{case}: {engine} {why}" for case, notes in NOTES.items() for engine, why in notes.items()]
         capture = request.config.pluginmanager.get_plugin("capturemanager")
         with capture.global_and_fixture_disabled():
-            print("\n".join([text, f"matmul peak GFLOP/s: {PEAK}",
+            print("\n".join([text, f"matmul peak GFLOP/s: {PEAK}", f"memory copy GB/s (read + written): {COPY_GBPS}",
                              f"load average (1, 5, 15 min) at start {before}, at end {load}", *missing]))
 
 
@@ -328,3 +329,14 @@ def test_matmul_peak():
     for name, timing in interleaved(runners, 10).items():
         PEAK[name] = 2 * n**3 / timing["min"] / 1e9
     assert all(math.isfinite(v) and v > 0 for v in PEAK.values())
+
+
+def test_memory_copy():
+    """Memory bandwidth: bytes read and written by a 64 MB array copy (numpy), best of 10."""
+    size = 64 << 20
+    source = np.random.default_rng(0).standard_normal(size // 4, dtype=np.float32)
+    target = np.empty_like(source)
+    timing = interleaved({"copy": lambda: np.copyto(target, source)}, 10)["copy"]
+    np.testing.assert_array_equal(target, source)
+    COPY_GBPS["64 MB"] = 2 * size / timing["min"] / 1e9
+    assert math.isfinite(COPY_GBPS["64 MB"]) and COPY_GBPS["64 MB"] > 0
